@@ -1,0 +1,34 @@
+# Two entry points: `make run` (the embedded-default main job) and `make test`. Each creates .venv and
+# installs what it needs, pinned by constraints.txt.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+OUT ?= outputs/default
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt
+	$(BIN)/pip install -q -c constraints.txt -e ".[test,bench]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/memllm run --out $(OUT)
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -n 2 -q
+
+bench: $(STAMP)
+	$(BIN)/memllm bench model
+	$(BIN)/memllm bench memory
+	$(BIN)/memllm bench train
+	$(BIN)/memllm bench decode
+
+clean:
+	rm -rf $(VENV) outputs

@@ -1,0 +1,1 @@
+"""Offline dataset builders: DocRED-format loading, synthetic corpus, write/read/eval examples."""

@@ -1,0 +1,1 @@
+"""Experiment configs, the runner, tables and plots."""

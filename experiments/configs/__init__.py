@@ -1,0 +1,1 @@
+"""Experiment configs: each module has get_config() and optionally sweep(add)."""

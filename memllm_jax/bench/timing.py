@@ -1,0 +1,58 @@
+"""Side-by-side timing: interleave the contenders (A B A B ...), report medians and spreads.
+
+These 2-core machines are shared and noisy, so a benchmark never reports an absolute time alone: it reports
+the ratio of medians measured in the same run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from typing import Callable
+
+
+@dataclasses.dataclass
+class Timing:
+    name: str
+    seconds: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def spread(self) -> float:
+        """Half the inter-quartile range relative to the median (0.05 = +-5%)."""
+        if len(self.seconds) < 4:
+            return (max(self.seconds) - min(self.seconds)) / (2 * self.median)
+        q = statistics.quantiles(self.seconds, n=4)
+        return (q[2] - q[0]) / (2 * self.median)
+
+
+def interleaved(contenders: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1) -> dict[str, Timing]:
+    """Run each contender `warmup` times, then `repeats` rounds of A B C ...; each call must block until done."""
+    for fn in contenders.values():
+        for _ in range(warmup):
+            fn()
+    timings = {name: Timing(name, []) for name in contenders}
+    for _ in range(repeats):
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            fn()
+            timings[name].seconds.append(time.perf_counter() - start)
+    return timings
+
+
+def ratio_row(ours: Timing, peer: Timing) -> str:
+    """`ours is N.NNx faster than peer (ours m±s%, peer m±s%)`."""
+    return (
+        f"{peer.median / ours.median:.2f}x  ({ours.name}: {ours.median * 1e3:.2f} ms ±{ours.spread:.0%}, "
+        f"{peer.name}: {peer.median * 1e3:.2f} ms ±{peer.spread:.0%})"
+    )
+
+
+def markdown_table(header: list[str], rows: list[list[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -1,0 +1,52 @@
+"""The `memllm` command. Thin: every subcommand lives in its own module and is imported only when run,
+so `memllm --help` never imports jax.
+
+A subcommand module defines `add_arguments(parser: argparse.ArgumentParser)` and `main(args) -> int | None`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("experiments.run", "run the embedded-default main job, an experiment config or a sweep"),
+    "data": ("data_gen.cli", "synthesize corpora and build write / read / eval examples"),
+    "train": ("memllm_jax.train.cli", "pretrain or LoRA-finetune from an experiment config"),
+    "memory": ("memllm_jax.memory.cli", "create, import, export, query and inspect a triple memory"),
+    "generate": ("memllm_jax.decode.generate_cli", "generate text with memory reads"),
+    "chat": ("memllm_jax.decode.chat_cli", "interactive chat with a persistent memory"),
+    "eval": ("memllm_jax.eval.cli", "Table 2 perplexity, Table 3 editing and scaling evaluations"),
+    "convert": ("memllm_jax.model.convert_cli", "convert weights between HF directories and Orbax checkpoints"),
+    "model-size": ("memllm_jax.model.size_cli", "parameter bytes in total and per device for a preset on a mesh"),
+    "bench": ("memllm_jax.bench.cli", "benchmarks: model, memory, train, decode"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="memllm", description="MemLLM in JAX: an LLM with an explicit triple memory.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS:
+        build_parser().parse_args(argv)  # prints help or the "invalid choice" error
+        build_parser().print_help()
+        return 0 if not argv else 2
+    name, rest = argv[0], argv[1:]
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"memllm {name}", description=help_text)
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    result = module.main(args)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

