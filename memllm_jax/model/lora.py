@@ -1,0 +1,92 @@
+"""Low-rank adapters: `y = W x + (alpha / r) * B(A(dropout(x)))`, B initialised to zero.
+
+The adapter lives in a `lora` submodule of the linear layer it adapts, with `nnx.LoRAParam` leaves, so the
+base parameter tree is unchanged and `nnx.state(model, nnx.LoRAParam)` is exactly the adapter. Several
+adapters (memory-write, memory-read) share one base by swapping that state (`get_adapter` / `set_adapter`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from memllm_jax.config import LoraConfig
+
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
+
+BASE_PARAMS = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
+"""Filter selecting the base parameters only (`nnx.LoRAParam` subclasses `nnx.Param`)."""
+
+
+def _contract(x: jax.Array, w: jax.Array, n_in: int, out_dtype=None) -> jax.Array:
+    """Contract the last `n_in` axes of `x` with the first `n_in` axes of `w`."""
+    x_axes = tuple(range(x.ndim - n_in, x.ndim))
+    w_axes = tuple(range(n_in))
+    return jax.lax.dot_general(x, w, ((x_axes, w_axes), ((), ())), preferred_element_type=out_dtype)
+
+
+class LoRA(nnx.Module):
+    """The adapter of one linear layer whose kernel has shape `in_shape + out_shape`.
+
+    `a` has shape `in_shape + (r,)`, `b` has shape `(r,) + out_shape`. A is initialised like PEFT's default
+    (Kaiming-uniform with a = sqrt(5), i.e. U(-1/sqrt(fan_in), 1/sqrt(fan_in))), B with zeros.
+    """
+
+    def __init__(
+        self,
+        in_shape: Sequence[int],
+        out_shape: Sequence[int],
+        in_axes: Sequence[str | None],
+        out_axes: Sequence[str | None],
+        cfg: LoraConfig,
+        *,
+        param_dtype,
+        rngs: nnx.Rngs,
+    ):
+        self.n_in = len(in_shape)
+        self.scale = cfg.alpha / cfg.rank
+        fan_in = math.prod(in_shape)
+        bound = 1.0 / math.sqrt(fan_in)
+        a = jax.random.uniform(rngs.params(), (*in_shape, cfg.rank), jnp.float32, -bound, bound)
+        self.a = nnx.LoRAParam(a.astype(param_dtype), logical_axes=(*in_axes, "lora_rank"))
+        self.b = nnx.LoRAParam(jnp.zeros((cfg.rank, *out_shape), param_dtype), logical_axes=("lora_rank", *out_axes))
+        self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs) if cfg.dropout > 0 else None
+
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        if self.dropout is not None:
+            x = self.dropout(x, deterministic=deterministic)
+        h = _contract(x, self.a[...].astype(x.dtype), self.n_in)
+        return _contract(h, self.b[...].astype(x.dtype), 1) * jnp.asarray(self.scale, x.dtype)
+
+    def delta(self) -> jax.Array:
+        """(alpha / r) * A B in float32, shaped like the adapted kernel."""
+        a = self.a[...].astype(jnp.float32)
+        b = self.b[...].astype(jnp.float32)
+        return _contract(a, b, 1) * self.scale
+
+
+def lora_modules(model: nnx.Module) -> list[tuple[tuple, nnx.Module]]:
+    """`(path, linear)` for every linear layer of `model` that carries an adapter."""
+    return [(path, m) for path, m in nnx.iter_modules(model) if getattr(m, "lora", None) is not None]
+
+
+def merge_lora(model: nnx.Module) -> None:
+    """Fold every adapter into its base kernel (in place) and zero B, so the model's function is unchanged."""
+    for _, linear in lora_modules(model):
+        kernel = linear.kernel[...]
+        linear.kernel[...] = (kernel.astype(jnp.float32) + linear.lora.delta()).astype(kernel.dtype)
+        linear.lora.b[...] = jnp.zeros_like(linear.lora.b[...])
+
+
+def get_adapter(model: nnx.Module) -> nnx.State:
+    """The adapter state (all `nnx.LoRAParam` leaves)."""
+    return nnx.state(model, nnx.LoRAParam)
+
+
+def set_adapter(model: nnx.Module, adapter: nnx.State) -> None:
+    """Install an adapter previously taken with `get_adapter` (from a model of the same config)."""
+    nnx.update(model, adapter)

@@ -1,0 +1,254 @@
+"""A Mistral decoder in flax.nnx: embedding, pre-norm blocks (RMSNorm, grouped-query attention with RoPE
+and a sliding-window causal mask, SwiGLU MLP), final norm, LM head; an explicit KV cache pytree.
+
+Letters: B batch, L new tokens, S key slots (cache length or L), D d_model, N query heads, K kv heads,
+G = N / K query heads per kv head, H head dim, F MLP width, V vocab, R LoRA rank.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from memllm_jax.config import LoraConfig, ModelConfig
+from memllm_jax.model.lora import LoRA, _contract
+from memllm_jax.sharding import constrain
+
+NEG_INF = float(jnp.finfo(jnp.float32).min)
+
+
+@struct.dataclass
+class KVCache:
+    """Keys/values of every layer; slot index == absolute position; `lengths_B` valid slots per row."""
+
+    k_LxBxSxKxH: jax.Array
+    v_LxBxSxKxH: jax.Array
+    lengths_B: jax.Array
+
+    @property
+    def max_len(self) -> int:
+        return self.k_LxBxSxKxH.shape[2]
+
+
+def init_cache(cfg: ModelConfig, batch_size: int, max_len: int | None = None, dtype=None) -> KVCache:
+    """An empty cache (all lengths 0) of `max_len` slots (default `cfg.max_seq_len`)."""
+    max_len = cfg.max_seq_len if max_len is None else max_len
+    dtype = jnp.dtype(cfg.compute_dtype if dtype is None else dtype)
+    shape = (cfg.n_layers, batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch_size,), jnp.int32))
+
+
+class Linear(nnx.Module):
+    """A kernel of shape `in_shape + out_shape` contracted over the input's trailing `len(in_shape)` axes,
+    with an optional LoRA adapter (`self.lora`)."""
+
+    def __init__(
+        self,
+        in_shape: Sequence[int],
+        out_shape: Sequence[int],
+        in_axes: Sequence[str | None],
+        out_axes: Sequence[str | None],
+        *,
+        cfg: ModelConfig,
+        lora: LoraConfig | None,
+        std: float,
+        rngs: nnx.Rngs,
+        lora_rngs: nnx.Rngs,
+    ):
+        self.n_in = len(in_shape)
+        dtype = jnp.dtype(cfg.param_dtype)
+        kernel = std * jax.random.normal(rngs.params(), (*in_shape, *out_shape), jnp.float32)
+        self.kernel = nnx.Param(kernel.astype(dtype), logical_axes=(*in_axes, *out_axes))
+        self.lora = (
+            LoRA(in_shape, out_shape, in_axes, out_axes, lora, param_dtype=dtype, rngs=lora_rngs) if lora is not None else None
+        )
+
+    def __call__(self, x: jax.Array, deterministic: bool = True, out_dtype=None) -> jax.Array:
+        y = _contract(x, self.kernel[...].astype(x.dtype), self.n_in, out_dtype)
+        if self.lora is not None:
+            y = y + self.lora(x, deterministic).astype(y.dtype)
+        return y
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, cfg: ModelConfig):
+        self.eps = cfg.norm_eps
+        self.scale = nnx.Param(jnp.ones((cfg.d_model,), jnp.dtype(cfg.param_dtype)), logical_axes=("norm",))
+
+    def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
+        x = x_BxLxD.astype(jnp.float32)
+        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        return self.scale[...].astype(x_BxLxD.dtype) * x.astype(x_BxLxD.dtype)
+
+
+def rope_tables(positions_BxL: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos and sin of shape B x L x H (the two halves repeat, as in the rotate-half convention)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs_BxLxH2 = positions_BxL.astype(jnp.float32)[..., None] * inv_freq
+    emb_BxLxH = jnp.concatenate([freqs_BxLxH2, freqs_BxLxH2], axis=-1)
+    return jnp.cos(emb_BxLxH), jnp.sin(emb_BxLxH)
+
+
+def apply_rope(x_BxLxNxH: jax.Array, cos_BxLxH: jax.Array, sin_BxLxH: jax.Array) -> jax.Array:
+    half = x_BxLxNxH.shape[-1] // 2
+    rotated = jnp.concatenate([-x_BxLxNxH[..., half:], x_BxLxNxH[..., :half]], axis=-1)
+    cos, sin = cos_BxLxH[:, :, None, :].astype(x_BxLxNxH.dtype), sin_BxLxH[:, :, None, :].astype(x_BxLxNxH.dtype)
+    return x_BxLxNxH * cos + rotated * sin
+
+
+def _targets(lora: LoraConfig | None, name: str) -> LoraConfig | None:
+    return lora if lora is not None and name in lora.targets else None
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, lora: LoraConfig | None, *, rngs: nnx.Rngs, lora_rngs: nnx.Rngs):
+        D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        if N % K:
+            raise ValueError(f"ModelConfig.n_heads={N} is not a multiple of ModelConfig.n_kv_heads={K}")
+        self.n_kv, self.group, self.head_dim = K, N // K, H
+        out_std = 1.0 / math.sqrt(N * H) / math.sqrt(2 * cfg.n_layers)
+        kw = dict(cfg=cfg, rngs=rngs, lora_rngs=lora_rngs)
+        self.q = Linear((D,), (N, H), ("embed",), ("q_heads", "head_dim"), lora=_targets(lora, "q"), std=D**-0.5, **kw)
+        self.k = Linear((D,), (K, H), ("embed",), ("kv_heads", "head_dim"), lora=_targets(lora, "k"), std=D**-0.5, **kw)
+        self.v = Linear((D,), (K, H), ("embed",), ("kv_heads", "head_dim"), lora=_targets(lora, "v"), std=D**-0.5, **kw)
+        self.o = Linear((N, H), (D,), ("q_heads", "head_dim"), ("embed",), lora=_targets(lora, "o"), std=out_std, **kw)
+
+    def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, mask_BxLxS, cache_kv, write_BxL, deterministic):
+        B, L, _ = x_BxLxD.shape
+        q_BxLxNxH = apply_rope(self.q(x_BxLxD, deterministic), cos_BxLxH, sin_BxLxH)
+        k_BxLxKxH = apply_rope(self.k(x_BxLxD, deterministic), cos_BxLxH, sin_BxLxH)
+        v_BxLxKxH = self.v(x_BxLxD, deterministic)
+        q_BxLxNxH = constrain(q_BxLxNxH, ("batch", "seq", "q_heads", "head_dim"))
+        if cache_kv is None:
+            k_BxSxKxH, v_BxSxKxH = k_BxLxKxH, v_BxLxKxH
+        else:
+            # Scatter the new keys/values at slots lengths_B[b] + i; out-of-range slots are dropped.
+            rows_Bx1 = jnp.arange(B)[:, None]
+            k_BxSxKxH = cache_kv[0].at[rows_Bx1, write_BxL].set(k_BxLxKxH.astype(cache_kv[0].dtype), mode="drop")
+            v_BxSxKxH = cache_kv[1].at[rows_Bx1, write_BxL].set(v_BxLxKxH.astype(cache_kv[1].dtype), mode="drop")
+        q_BxLxKxGxH = q_BxLxNxH.reshape(B, L, self.n_kv, self.group, self.head_dim) * (self.head_dim**-0.5)
+        k = k_BxSxKxH.astype(q_BxLxKxGxH.dtype)
+        v = v_BxSxKxH.astype(q_BxLxKxGxH.dtype)
+        scores_BxKxGxLxS = jnp.einsum("BLKGH,BSKH->BKGLS", q_BxLxKxGxH, k, preferred_element_type=jnp.float32)
+        scores_BxKxGxLxS = jnp.where(mask_BxLxS[:, None, None], scores_BxKxGxLxS, NEG_INF)
+        probs = jax.nn.softmax(scores_BxKxGxLxS, axis=-1).astype(v.dtype)
+        out_BxLxKxGxH = jnp.einsum("BKGLS,BSKH->BLKGH", probs, v)
+        out_BxLxNxH = out_BxLxKxGxH.reshape(B, L, self.n_kv * self.group, self.head_dim)
+        return self.o(out_BxLxNxH, deterministic), (k_BxSxKxH, v_BxSxKxH)
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, lora: LoraConfig | None, *, rngs: nnx.Rngs, lora_rngs: nnx.Rngs):
+        D, F = cfg.d_model, cfg.d_ff
+        kw = dict(cfg=cfg, rngs=rngs, lora_rngs=lora_rngs)
+        self.gate = Linear((D,), (F,), ("embed",), ("mlp",), lora=_targets(lora, "gate"), std=D**-0.5, **kw)
+        self.up = Linear((D,), (F,), ("embed",), ("mlp",), lora=_targets(lora, "up"), std=D**-0.5, **kw)
+        down_std = F**-0.5 / math.sqrt(2 * cfg.n_layers)
+        self.down = Linear((F,), (D,), ("mlp",), ("embed",), lora=_targets(lora, "down"), std=down_std, **kw)
+
+    def __call__(self, x_BxLxD, deterministic):
+        h_BxLxF = jax.nn.silu(self.gate(x_BxLxD, deterministic)) * self.up(x_BxLxD, deterministic)
+        h_BxLxF = constrain(h_BxLxF, ("batch", "seq", "mlp"))
+        return self.down(h_BxLxF, deterministic)
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, lora: LoraConfig | None, *, rngs: nnx.Rngs, lora_rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg)
+        self.attn = Attention(cfg, lora, rngs=rngs, lora_rngs=lora_rngs)
+        self.mlp_norm = RMSNorm(cfg)
+        self.mlp = MLP(cfg, lora, rngs=rngs, lora_rngs=lora_rngs)
+
+    def __call__(self, x_BxLxD, cos, sin, mask_BxLxS, cache_kv, write_BxL, deterministic):
+        h_BxLxD, kv = self.attn(self.attn_norm(x_BxLxD), cos, sin, mask_BxLxS, cache_kv, write_BxL, deterministic)
+        x_BxLxD = constrain(x_BxLxD + h_BxLxD, ("batch", "seq", "embed_act"))
+        x_BxLxD = x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD), deterministic)
+        return constrain(x_BxLxD, ("batch", "seq", "embed_act")), kv
+
+
+def _run_block(block, x, cos, sin, mask, cache_kv, write, deterministic):
+    return block(x, cos, sin, mask, cache_kv, write, deterministic)
+
+
+_run_block_remat = nnx.remat(_run_block, static_argnums=(7,))
+
+
+class Mistral(nnx.Module):
+    """The decoder. See docs/interfaces.md (Model) for the calling convention."""
+
+    def __init__(self, cfg: ModelConfig, lora: LoraConfig | None = None, *, rngs: nnx.Rngs):
+        if lora is not None:
+            unknown = set(lora.targets) - {"q", "k", "v", "o", "gate", "up", "down", "lm_head"}
+            if unknown:
+                raise ValueError(f"LoraConfig.targets: unknown target(s) {sorted(unknown)}")
+        self.cfg = cfg
+        self.lora_cfg = lora
+        dtype = jnp.dtype(cfg.param_dtype)
+        # Separate streams: the base weights for a seed do not depend on whether LoRA is present.
+        base_key, lora_key = rngs.params(), rngs.params()
+        lora_rngs = nnx.Rngs(params=lora_key, dropout=rngs.dropout())
+        rngs = nnx.Rngs(params=base_key)
+        embedding = jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), jnp.float32)
+        self.embed = nnx.Param(embedding.astype(dtype), logical_axes=("vocab", "embed"))
+        self.layers = nnx.List([Block(cfg, lora, rngs=rngs, lora_rngs=lora_rngs) for _ in range(cfg.n_layers)])
+        self.final_norm = RMSNorm(cfg)
+        if cfg.tie_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = Linear(
+                (cfg.d_model,), (cfg.vocab_size,), ("embed",), ("vocab",), cfg=cfg,
+                lora=_targets(lora, "lm_head"), std=cfg.d_model**-0.5, rngs=rngs, lora_rngs=lora_rngs,
+            )
+
+    def __call__(
+        self,
+        tokens_BxL: jax.Array,
+        positions_BxL: jax.Array,
+        attn_mask_BxL: jax.Array | None = None,
+        cache: KVCache | None = None,
+        deterministic: bool = True,
+    ) -> tuple[jax.Array, KVCache | None]:
+        cfg = self.cfg
+        B, L = tokens_BxL.shape
+        compute = jnp.dtype(cfg.compute_dtype)
+        if attn_mask_BxL is None:
+            attn_mask_BxL = jnp.ones((B, L), bool)
+        attn_mask_BxL = attn_mask_BxL.astype(bool)
+        positions_BxL = positions_BxL.astype(jnp.int32)
+        x_BxLxD = jnp.take(self.embed[...], tokens_BxL, axis=0).astype(compute)
+        x_BxLxD = constrain(x_BxLxD, ("batch", "seq", "embed_act"))
+        cos, sin = rope_tables(positions_BxL, cfg.head_dim, cfg.rope_theta)
+
+        if cache is None:
+            key_pos_BxS, key_ok_BxS, write_BxL = positions_BxL, attn_mask_BxL, None
+        else:
+            S = cache.max_len
+            new_lengths_B = cache.lengths_B + attn_mask_BxL.sum(-1).astype(jnp.int32)
+            key_pos_BxS = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
+            key_ok_BxS = key_pos_BxS < new_lengths_B[:, None]
+            write_BxL = jnp.where(attn_mask_BxL, cache.lengths_B[:, None] + jnp.arange(L, dtype=jnp.int32), S)
+        delta_BxLxS = positions_BxL[:, :, None] - key_pos_BxS[:, None, :]
+        mask_BxLxS = key_ok_BxS[:, None, :] & (delta_BxLxS >= 0)
+        if cfg.sliding_window is not None:
+            mask_BxLxS &= delta_BxLxS < cfg.sliding_window
+
+        run = _run_block_remat if cfg.remat else _run_block
+        new_k, new_v = [], []
+        for i, block in enumerate(self.layers):
+            cache_kv = None if cache is None else (cache.k_LxBxSxKxH[i], cache.v_LxBxSxKxH[i])
+            x_BxLxD, (k, v) = run(block, x_BxLxD, cos, sin, mask_BxLxS, cache_kv, write_BxL, deterministic)
+            new_k.append(k)
+            new_v.append(v)
+        x_BxLxD = self.final_norm(x_BxLxD)
+        if self.lm_head is None:
+            logits = jnp.einsum("BLD,VD->BLV", x_BxLxD, self.embed[...].astype(compute), preferred_element_type=jnp.float32)
+        else:
+            logits = self.lm_head(x_BxLxD, deterministic, out_dtype=jnp.float32)
+        logits_BxLxV = constrain(logits.astype(jnp.float32), ("batch", "seq", "vocab"))
+        if cache is not None:
+            cache = KVCache(jnp.stack(new_k), jnp.stack(new_v), new_lengths_B)
+        return logits_BxLxV, cache
