@@ -86,18 +86,35 @@ class Parsed:
 
 def escape_text(text: str) -> str:
     """Make `text` free of marker strings; reversible with `unescape_text`."""
+    if ESC not in text and "({" not in text and "})" not in text and ")-->" not in text:
+        return text
+    return escape_text_with_offsets(text)[0]
+
+
+def escape_text_with_offsets(text: str) -> tuple[str, list[int]]:
+    """`escape_text` plus `offsets`, where `offsets[i]` is the index in the escaped text at which original
+    character `i` (with any ESC put before it) starts; `offsets[len(text)]` is the escaped length.
+    Character spans of the plain text map to spans of the escaped text as `(offsets[s], offsets[e])`."""
     out: list[str] = []
+    offsets: list[int] = []
+    n = 0
     prev = ""
     for i, ch in enumerate(text):
+        offsets.append(n)
         if ch == ESC:
             out.append(ESC)
+            n += 1
         elif (prev == "(" and ch == "{") or (prev == "}" and ch == ")"):
             out.append(ESC)
+            n += 1
         elif prev == ")" and ch == "-" and text.startswith("-->", i):
             out.append(ESC)
+            n += 1
         out.append(ch)
+        n += 1
         prev = ch
-    return "".join(out)
+    offsets.append(n)
+    return "".join(out), offsets
 
 
 def unescape_text(text: str) -> str:

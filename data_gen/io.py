@@ -1,0 +1,140 @@
+"""Streaming JSON(L) input and atomic output.
+
+Outputs are written to a temporary file next to the target and moved into place with `os.replace` only
+when the writer closes without an exception, so a failed build never leaves a partial file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import tempfile
+from typing import Any, Iterable, Iterator
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
+    """Open a temp file beside `path`; on success it replaces `path`, on error it is removed."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+class JsonlWriter:
+    """`with JsonlWriter(path) as w: w.write(record)`; atomic, one JSON object per line."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = pathlib.Path(path)
+        self.count = 0
+        self._cm = None
+        self._f = None
+
+    def __enter__(self) -> "JsonlWriter":
+        self._cm = atomic_open(self.path)
+        self._f = self._cm.__enter__()
+        return self
+
+    def write(self, record: dict) -> None:
+        self._f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self.count += 1
+
+    def __exit__(self, *exc) -> bool:
+        return bool(self._cm.__exit__(*exc))
+
+
+def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> int:
+    with JsonlWriter(path) as w:
+        for r in records:
+            w.write(r)
+    return w.count
+
+
+def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}: line {lineno}: invalid JSON: {exc}") from None
+
+
+def iter_json_array(path: str | os.PathLike, chunk_chars: int = 1 << 20) -> Iterator[Any]:
+    """Stream the elements of a top-level JSON array (or the lines of a .jsonl file) without loading it whole."""
+    path = pathlib.Path(path)
+    if path.suffix == ".jsonl":
+        yield from read_jsonl(path)
+        return
+    decoder = json.JSONDecoder()
+    with open(path, encoding="utf-8") as f:
+        buf = f.read(chunk_chars)
+        pos = len(buf) - len(buf.lstrip())
+        if not buf[pos:pos + 1] == "[":
+            raise ValueError(f"{path}: expected a JSON array of documents (or a .jsonl file)")
+        pos += 1
+        index = 0
+        eof = False
+        while True:
+            while pos < len(buf) and buf[pos] in " \t\r\n,":
+                pos += 1
+            if pos >= len(buf) and not eof:
+                more = f.read(chunk_chars)
+                eof = not more
+                buf, pos = buf[pos:] + more, 0
+                continue
+            if pos < len(buf) and buf[pos] == "]":
+                return
+            if pos >= len(buf):
+                raise ValueError(f"{path}: unterminated JSON array after element {index}")
+            try:
+                obj, end = decoder.raw_decode(buf, pos)
+            except json.JSONDecodeError as exc:
+                if eof:
+                    raise ValueError(f"{path}: element {index}: invalid JSON: {exc}") from None
+                more = f.read(chunk_chars)
+                eof = not more
+                buf, pos = buf[pos:] + more, 0
+                continue
+            if end == len(buf) and not eof:  # a number may continue in the next chunk
+                more = f.read(chunk_chars)
+                eof = not more
+                buf, pos = buf[pos:] + more, 0
+                continue
+            yield obj
+            index += 1
+            pos = end
+            if pos > chunk_chars:
+                buf, pos = buf[pos:], 0
+
+
+class JsonArrayWriter:
+    """Atomically write a JSON array one element at a time (DocRED's file format, streamed)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = pathlib.Path(path)
+        self.count = 0
+
+    def __enter__(self) -> "JsonArrayWriter":
+        self._cm = atomic_open(self.path)
+        self._f = self._cm.__enter__()
+        self._f.write("[")
+        return self
+
+    def write(self, obj: Any) -> None:
+        self._f.write(("\n" if self.count == 0 else ",\n") + json.dumps(obj, ensure_ascii=False))
+        self.count += 1
+
+    def __exit__(self, *exc) -> bool:
+        if exc[0] is None:
+            self._f.write("\n]\n")
+        return bool(self._cm.__exit__(*exc))

@@ -1,0 +1,166 @@
+"""Memory-read examples (paper §3.3, Algorithm 1 in Appendix C).
+
+Scan the full (non-pronoun) entity mentions in text order. At mention m of entity E, every not yet seen
+gold triple linking E to an entity e_q that was already mentioned becomes a query (<e_q, r, *> when E is
+the object, <*, r, e_q> when E is the subject) and is marked seen. Queries matching Appendix B's ambiguous
+patterns (Table 4, keyed by P-id) are dropped; the others are answered by `query_fn` (a TripleMemory or an
+exact gold lookup), queries with more than Q_thr results are dropped, the rest are sorted by result count
+and the first 3 kept. If none of them returns anything, the target itself is the result. The read goes
+immediately before m.
+
+Each read gives one example d' = pretext | read call | result | posttext, where the posttext runs up to
+the next read of the document (followed by the "({MEM_READ(" that starts it) or to the end (then EOS).
+Loss: the call and the posttext; the pretext only in the document's first example; never the result.
+
+A triple becomes "seen" when both its entities have been mentioned (whether or not its query survives the
+filters). The pseudocode's line 18 read literally would mark triples seen before their query entity
+appears, so no query could ever be formed; this follows the text of §3.3 and the original code instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterator, Sequence
+
+from data_gen.docred import Document, Mention
+from data_gen.relations import is_ambiguous
+from memllm_jax import protocol as P
+
+QueryFn = Callable[[Sequence[P.Query]], Sequence["list[str] | None"]]
+"""Answers a batch of queries; an entry is the result entity names, or None when the memory reports more
+than its own threshold of matches (TripleMemory's `too_large`)."""
+
+Q_THR = 30
+MAX_QUERIES = 3
+
+
+@dataclasses.dataclass
+class ReadPoint:
+    pos: int
+    """Character offset of the read in `Document.text` (the target mention's start)."""
+    targets: list[Mention]
+    queries: list[P.Query]
+    """Kept queries, at most `max_queries`, in the order they appear in the call."""
+    results: list[list[str]]
+    """Per kept query, the memory's result (empty without a memory)."""
+    candidates: int = 0
+    """Queries formed before the ambiguity / Q_thr filters."""
+    dropped_ambiguous: int = 0
+    dropped_too_many: int = 0
+
+    @property
+    def merged_results(self) -> list[str]:
+        out: list[str] = []
+        for res in self.results:
+            out.extend(e for e in res if e not in out)
+        return out
+
+    @property
+    def call_results(self) -> list[str]:
+        """What the memory returns in the example: the merged results, or the target when they are empty."""
+        return self.merged_results or [self.targets[0].text]
+
+
+def scan_read_points(doc: Document, query_fn: QueryFn | None = None, q_thr: int = Q_THR,
+                     max_queries: int = MAX_QUERIES, filter_ambiguous: bool = True) -> list[ReadPoint]:
+    """Algorithm 1 for one document. Without `query_fn` every result is empty (gold positions/queries only)."""
+    by_entity: dict[int, list[int]] = {}
+    for r_idx, rel in enumerate(doc.relations):
+        if rel.head != rel.tail:
+            by_entity.setdefault(rel.head, []).append(r_idx)
+            by_entity.setdefault(rel.tail, []).append(r_idx)
+    mentions = [m for m in doc.mentions_in_order() if not m.is_pronoun]
+    seen_entities: set[int] = set()
+    last_mention: dict[int, Mention] = {}
+    seen_triples: set[int] = set()
+    pending: list[tuple[Mention, list[P.Query], int, int]] = []  # (target, queries, candidates, ambiguous)
+    for m in mentions:
+        queries: list[P.Query] = []
+        n_cand = n_amb = 0
+        for r_idx in by_entity.get(m.entity, ()):
+            if r_idx in seen_triples:
+                continue
+            rel = doc.relations[r_idx]
+            other = rel.tail if rel.head == m.entity else rel.head
+            if other not in seen_entities:
+                continue
+            seen_triples.add(r_idx)
+            target_is_subject = rel.head == m.entity
+            name = last_mention[other].text
+            q = P.Query(None, rel.label, name) if target_is_subject else P.Query(name, rel.label, None)
+            n_cand += 1
+            if filter_ambiguous and is_ambiguous(rel.pid, target_is_subject):
+                n_amb += 1
+                continue
+            if q not in queries:
+                queries.append(q)
+        if n_cand:
+            pending.append((m, queries, n_cand, n_amb))
+        seen_entities.add(m.entity)
+        last_mention[m.entity] = m
+
+    all_queries = [q for _, qs, _, _ in pending for q in qs]
+    answers = list(query_fn(all_queries)) if (query_fn is not None and all_queries) else [[] for _ in all_queries]
+    if len(answers) != len(all_queries):
+        raise ValueError(f"query_fn returned {len(answers)} results for {len(all_queries)} queries")
+    points: list[ReadPoint] = []
+    k = 0
+    for m, qs, n_cand, n_amb in pending:
+        scored = []
+        too_many = 0
+        for q in qs:
+            res = answers[k]
+            k += 1
+            if res is None or len(res) > q_thr:
+                too_many += 1
+                continue
+            scored.append((len(res), len(scored), q, list(res)))
+        if points and points[-1].pos == m.span[0]:  # two entities' mentions start at the same character
+            pt = points[-1]
+            pt.targets.append(m)
+            pt.candidates += n_cand
+            pt.dropped_ambiguous += n_amb
+            pt.dropped_too_many += too_many
+            scored = sorted([(len(r), i, q, r) for i, (q, r) in enumerate(zip(pt.queries, pt.results))]
+                            + [(n, i + 1000, q, r) for n, i, q, r in scored if q not in pt.queries])
+            pt.queries = [s[2] for s in scored[:max_queries]]
+            pt.results = [s[3] for s in scored[:max_queries]]
+            continue
+        if not scored:
+            continue
+        scored.sort(key=lambda s: (s[0], s[1]))
+        points.append(ReadPoint(m.span[0], [m], [s[2] for s in scored[:max_queries]], [s[3] for s in scored[:max_queries]],
+                                n_cand, n_amb, too_many))
+    return points
+
+
+def read_records(doc: Document, points: Sequence[ReadPoint]) -> Iterator[dict]:
+    """The training examples d' of one document (one per read point)."""
+    text = doc.text
+    for k, pt in enumerate(points):
+        last = k == len(points) - 1
+        end = len(text) if last else points[k + 1].pos
+        segments = [
+            {"text": P.escape_text(text[:pt.pos]), "loss": k == 0},
+            {"text": P.format_read_call(pt.queries), "loss": True},
+            {"text": P.format_read_result(pt.call_results), "loss": False},
+            {"text": P.escape_text(text[pt.pos:end]), "loss": True},
+        ]
+        if not last:
+            segments.append({"text": P.MEM_READ, "loss": True})
+        yield {
+            "kind": "read",
+            "doc": doc.doc_id,
+            "read_index": k,
+            "segments": [s for s in segments if s["text"]],
+            "eos": last,
+            "target": pt.targets[0].text,
+            "target_span": list(pt.targets[0].span),
+            "queries": [[q.subject, q.relation, q.object] for q in pt.queries],
+            "results": pt.call_results,
+            "result_counts": [len(r) for r in pt.results],
+        }
+
+
+def iter_read_examples(doc: Document, query_fn: QueryFn | None, **kwargs) -> Iterator[dict]:
+    yield from read_records(doc, scan_read_points(doc, query_fn, **kwargs))

@@ -1,0 +1,79 @@
+"""Relation P-ids, their labels, and the ambiguous-query filter of the paper's Appendix B (Table 4).
+
+Labels come from DocRED's `rel_info.json` (default) or the original MemLLM code's variants
+(`rel_labels_memllm.json`, e.g. P112 "founder", P150 "contains administrative territorial entities").
+The ambiguous-query filter is keyed by P-id, so it works with either label set: the original code matched
+Table 4's singular "contains administrative territorial entity" against its plural label, and that rule
+never fired.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+from memllm_jax.protocol import Query
+
+DEFAULT_REL_INFO = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "docred" / "rel_info.json"
+
+# Table 4, subject queries <*, t, e_o> (the target is the subject): answering them lists many subjects.
+AMBIGUOUS_SUBJECT_QUERY_PIDS: frozenset[str] = frozenset({
+    "P27",    # country of citizenship
+    "P17",    # country
+    "P495",   # country of origin
+    "P140",   # religion
+    "P19",    # place of birth
+    "P20",    # place of death
+    "P937",   # work location
+    "P276",   # location
+    "P205",   # basin country
+    "P551",   # residence
+    "P740",   # location of formation
+    "P577",   # publication date
+    "P272",   # production company
+    "P400",   # platform
+    "P364",   # original language of work
+    "P1001",  # applies to jurisdiction
+    "P131",   # located in the administrative territorial entity
+    "P159",   # headquarters location
+    "P571",   # inception
+    "P108",   # employer
+    "P569",   # date of birth
+    "P570",   # date of death
+    "P69",    # educated at
+})
+# Table 4, object queries <e_s, t, *> (the target is the object).
+AMBIGUOUS_OBJECT_QUERY_PIDS: frozenset[str] = frozenset({"P150"})  # contains administrative territorial entity
+
+
+def load_relation_labels(path: str | os.PathLike | None = None) -> dict[str, str]:
+    """P-id -> label from a JSON object file (`rel_info.json` or `rel_labels_memllm.json`)."""
+    path = pathlib.Path(path) if path is not None else DEFAULT_REL_INFO
+    try:
+        with open(path, encoding="utf-8") as f:
+            labels = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"relation label file not found: {path}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: invalid JSON: {exc}") from None
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise ValueError(f"{path}: expected a JSON object mapping relation ids (e.g. 'P17') to label strings")
+    return labels
+
+
+def is_ambiguous(pid: str, target_is_subject: bool) -> bool:
+    """Appendix B: drop the query for this relation when it asks for the subject (or, for P150, the object)."""
+    return pid in (AMBIGUOUS_SUBJECT_QUERY_PIDS if target_is_subject else AMBIGUOUS_OBJECT_QUERY_PIDS)
+
+
+def ambiguous_label_filter(*label_maps: dict[str, str]):
+    """A label-level filter `f(Query) -> bool` matching every given label variant of the Table 4 relations."""
+    subject_labels = {m[p].lower() for m in label_maps for p in AMBIGUOUS_SUBJECT_QUERY_PIDS if p in m}
+    object_labels = {m[p].lower() for m in label_maps for p in AMBIGUOUS_OBJECT_QUERY_PIDS if p in m}
+
+    def is_ambiguous_query(query: Query) -> bool:
+        label = query.relation.strip().lower()
+        return label in (object_labels if query.is_object_query else subject_labels)
+
+    return is_ambiguous_query

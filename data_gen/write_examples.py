@@ -1,0 +1,131 @@
+"""Memory-write examples (paper §3.2-3.3, Figure 2a).
+
+For sentence s_i the input is `pretext + ({USER_ST}) + s_i + ({USER_END})` and the target is the write
+call with every gold triple such that one entity has a full (non-pronoun) mention in s_i and the other a
+full mention in s_i or in the pretext. Triples are ordered by the position in s_i of the mention that
+completes them; sentences without triples give the empty call `({MEM_WRITE-->})`. The loss covers only the
+write call and EOS.
+
+Names: an entity is written with the text of its first full mention in s_i, else of its last full mention
+in the (windowed) pretext, i.e. the surface form the model can see.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator
+
+from data_gen.docred import Document, Mention
+from memllm_jax import protocol as P
+
+DEFAULT_PRETEXT_SENTENCES = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteItem:
+    sent_id: int
+    pretext: str
+    sentence: str
+    triples: tuple[P.Triple, ...]
+    relation_ids: tuple[int, ...]
+    """Index into `Document.relations` of each triple."""
+    merged: tuple[tuple[int, int], ...] = ()
+    """(relation index, relation index it duplicates): relations whose triple text equals an emitted one."""
+
+
+def _full_mentions_by_sentence(doc: Document) -> list[dict[int, list[Mention]]]:
+    per_sent: list[dict[int, list[Mention]]] = [dict() for _ in doc.sentences]
+    for ent in doc.entities:
+        for m in ent.full_mentions:
+            per_sent[m.sent_id].setdefault(ent.index, []).append(m)
+    return per_sent
+
+
+def iter_write_items(doc: Document, pretext_sentences: int | None = DEFAULT_PRETEXT_SENTENCES) -> Iterator[WriteItem]:
+    per_sent = _full_mentions_by_sentence(doc)
+    for i, (s_start, s_end) in enumerate(doc.sentences):
+        w0 = 0 if pretext_sentences is None else max(0, i - pretext_sentences)
+        p_start = doc.sentences[w0][0] if w0 < i else s_start
+        in_sent = per_sent[i]
+        last_in_pretext: dict[int, Mention] = {}
+        for j in range(w0, i):
+            for e, ms in per_sent[j].items():
+                last_in_pretext[e] = ms[-1]
+        candidates = []  # (sort key, triple, relation index)
+        seen: dict[P.Triple, int] = {}
+        merged = []
+        for r_idx, rel in enumerate(doc.relations):
+            if rel.head == rel.tail:
+                continue
+            h_in, t_in = rel.head in in_sent, rel.tail in in_sent
+            if not (h_in or t_in):
+                continue
+            if not (h_in and t_in) and not ((h_in and rel.tail in last_in_pretext) or (t_in and rel.head in last_in_pretext)):
+                continue
+            h_m = in_sent[rel.head][0] if h_in else last_in_pretext[rel.head]
+            t_m = in_sent[rel.tail][0] if t_in else last_in_pretext[rel.tail]
+            if h_in and t_in:
+                key = max(h_m.span[0], t_m.span[0])
+            else:
+                key = (h_m if h_in else t_m).span[0]
+            triple = P.Triple(h_m.text, rel.label, t_m.text)
+            if triple in seen:
+                merged.append((r_idx, seen[triple]))
+                continue
+            seen[triple] = r_idx
+            candidates.append((key, r_idx, triple))
+        candidates.sort(key=lambda c: (c[0], c[1]))
+        yield WriteItem(i, doc.text[p_start:s_start], doc.text[s_start:s_end],
+                        tuple(c[2] for c in candidates), tuple(c[1] for c in candidates), tuple(merged))
+
+
+def write_record(doc: Document, item: WriteItem) -> dict:
+    return {
+        "kind": "write",
+        "doc": doc.doc_id,
+        "sent_id": item.sent_id,
+        "segments": [
+            {"text": P.format_write_prompt(item.pretext, item.sentence), "loss": False},
+            {"text": P.format_write_call(item.triples), "loss": True},
+        ],
+        "eos": True,
+        "triples": [[t.subject, t.relation, t.object] for t in item.triples],
+    }
+
+
+def iter_write_examples(doc: Document, pretext_sentences: int | None = DEFAULT_PRETEXT_SENTENCES) -> Iterator[dict]:
+    for item in iter_write_items(doc, pretext_sentences):
+        yield write_record(doc, item)
+
+
+def write_coverage(doc: Document, pretext_sentences: int | None = DEFAULT_PRETEXT_SENTENCES) -> list[dict]:
+    """For every gold relation: the sentences whose write example contains it, or why none does."""
+    emitted: dict[int, list[int]] = {}
+    merged_into: dict[int, tuple[int, int]] = {}
+    for item in iter_write_items(doc, pretext_sentences):
+        for r_idx in item.relation_ids:
+            emitted.setdefault(r_idx, []).append(item.sent_id)
+        for r_idx, other in item.merged:
+            merged_into.setdefault(r_idx, (other, item.sent_id))
+    per_sent = _full_mentions_by_sentence(doc)
+    out = []
+    for r_idx, rel in enumerate(doc.relations):
+        entry = {"relation": r_idx, "head": rel.head, "tail": rel.tail, "pid": rel.pid, "sentences": emitted.get(r_idx, [])}
+        if not entry["sentences"]:
+            h_sents = [j for j, s in enumerate(per_sent) if rel.head in s]
+            t_sents = [j for j, s in enumerate(per_sent) if rel.tail in s]
+            if rel.head == rel.tail:
+                entry["reason"] = "head and tail are the same entity"
+            elif not h_sents:
+                entry["reason"] = "head has no full (non-pronoun) mention"
+            elif not t_sents:
+                entry["reason"] = "tail has no full (non-pronoun) mention"
+            elif r_idx in merged_into:
+                other, sent = merged_into[r_idx]
+                entry["reason"] = (f"its triple text equals that of relation {other}, written in sentence {sent} "
+                                   "(entities sharing a mention)")
+            else:
+                entry["reason"] = "head and tail mentions are never within the pretext window of each other"
+        out.append(entry)
+    return out
+
