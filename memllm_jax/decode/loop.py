@@ -1,0 +1,129 @@
+"""Jitted building blocks: bucketed prefill into an existing cache, and the chunked read-decoding loop.
+
+The model crosses the jit boundary split into `graphdef` (static) and `params` (a pytree), and is merged
+inside the traced function. The loop object on the host keeps only hashable static fields; everything that
+changes lives in a `DecodeState` pytree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from memllm_jax.decode import state as st
+from memllm_jax.decode.sampling import NEG_INF, SamplingConfig, choose
+
+MIN_BUCKET = 8
+
+
+def bucket(n: int, cap: int | None = None) -> int:
+    """Smallest power of two >= n (at least MIN_BUCKET), so prefill shapes take few distinct values."""
+    b = MIN_BUCKET
+    while b < n:
+        b *= 2
+    return b if cap is None else max(min(b, cap), n)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _prefill(graphdef, params, cache, logits_BxV, tokens_BxL, n_B):
+    model = nnx.merge(graphdef, params)
+    L = tokens_BxL.shape[1]
+    mask_BxL = jnp.arange(L)[None, :] < n_B[:, None]
+    positions_BxL = cache.lengths_B[:, None] + jnp.arange(L, dtype=jnp.int32)[None, :]
+    new_logits_BxLxV, cache = model(tokens_BxL, positions_BxL, mask_BxL, cache=cache)
+    last_BxV = jnp.take_along_axis(new_logits_BxLxV, jnp.maximum(n_B - 1, 0)[:, None, None], axis=1)[:, 0]
+    return cache, jnp.where((n_B > 0)[:, None], last_BxV, logits_BxV)
+
+
+def prefill(graphdef, params, cache, logits_BxV, rows: Sequence[Sequence[int]], pad_id: int = 0):
+    """Append `rows[b]` (may be empty) to each row's cache; returns the cache and the logits of the next
+    token (unchanged for rows with nothing to append). The length is bucketed, so repeated memory round
+    trips reuse a few compiled shapes."""
+    n = np.array([len(r) for r in rows], np.int32)
+    L = bucket(int(n.max(initial=1)))
+    tokens = np.full((len(rows), L), pad_id, np.int32)
+    for b, r in enumerate(rows):
+        tokens[b, : len(r)] = r
+    return _prefill(graphdef, params, cache, logits_BxV, jnp.asarray(tokens), jnp.asarray(n))
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopSpec:
+    """Static settings of the read loop (hashable)."""
+
+    chunk: int
+    """Most tokens generated per loop exit."""
+    eos_id: int
+    read_open_id: int
+    """The `({MEM_READ(` marker id."""
+    read_end_id: int
+    """The `)-->` marker id."""
+    max_len: int
+    """Slots usable in the cache; a row reaching it stops with status FULL."""
+    sampling: SamplingConfig = SamplingConfig()
+    pad_id: int = 0
+
+
+def _read_step(model, spec: LoopSpec, s: st.DecodeState) -> st.DecodeState:
+    B, V = s.logits_BxV.shape
+    running_B = s.status_B == st.RUNNING
+    rng, sub = jax.random.split(s.rng)
+    banned_BxV = s.ban_read_B[:, None] & (jnp.arange(V)[None, :] == spec.read_open_id)
+    tok_B = choose(jnp.where(banned_BxV, NEG_INF, s.logits_BxV), sub, spec.sampling)
+    tok_B = jnp.where(running_B, tok_B, spec.pad_id)
+    logits_Bx1xV, cache = model(tok_B[:, None], s.cache.lengths_B[:, None], running_B[:, None], cache=s.cache)
+    logits_BxV = jnp.where(running_B[:, None], logits_Bx1xV[:, 0], s.logits_BxV)
+    C = s.out_BxC.shape[1]
+    out_BxC = s.out_BxC.at[jnp.arange(B), jnp.where(running_B, s.n_out_B, C)].set(tok_B, mode="drop")
+    step_B = running_B.astype(jnp.int32)
+    budget_B = s.budget_B - step_B
+    opens_B = running_B & (tok_B == spec.read_open_id)
+    closes_B = running_B & (tok_B == spec.read_end_id) & s.in_call_B
+    status_B = s.status_B
+    status_B = jnp.where(running_B & (budget_B <= 0), st.BUDGET, status_B)
+    status_B = jnp.where(running_B & (cache.lengths_B >= spec.max_len), st.FULL, status_B)
+    status_B = jnp.where(opens_B & (s.active_call_B | s.in_call_B), st.OPEN_PAUSE, status_B)
+    status_B = jnp.where(closes_B, st.READ_PAUSE, status_B)
+    status_B = jnp.where(running_B & (tok_B == spec.eos_id), st.EOS, status_B)
+    return s.replace(
+        cache=cache,
+        logits_BxV=logits_BxV,
+        out_BxC=out_BxC,
+        n_out_B=s.n_out_B + step_B,
+        status_B=status_B,
+        budget_B=budget_B,
+        in_call_B=(s.in_call_B | opens_B) & ~closes_B,
+        ban_read_B=s.ban_read_B & ~running_B,
+        rng=rng,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
+def read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec) -> st.DecodeState:
+    """Generate up to `spec.chunk` tokens; exit early once no row is RUNNING."""
+    model = nnx.merge(graphdef, params)
+
+    def cond(carry):
+        i, s = carry
+        return (i < spec.chunk) & jnp.any(s.status_B == st.RUNNING)
+
+    def body(carry):
+        i, s = carry
+        return i + 1, _read_step(model, spec, s)
+
+    return jax.lax.while_loop(cond, body, (jnp.int32(0), s))[1]
+
+
+def split_model(model: Any) -> tuple[Any, Any]:
+    """`(graphdef, params)` for the jitted functions."""
+    return nnx.split(model)
+
+
+def host(x: Any) -> np.ndarray:
+    return np.asarray(jax.device_get(x))

@@ -1,0 +1,54 @@
+"""Next-token choice: greedy or sampling with temperature, top-k and top-p, with an explicit PRNG key."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+NEG_INF = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How the next token is chosen (hashable: a static argument of the jitted loops)."""
+
+    temperature: float = 0.0
+    """0 = greedy (argmax); otherwise logits are divided by it before sampling."""
+    top_k: int = 0
+    """Keep only the k most likely tokens (0 = all)."""
+    top_p: float = 1.0
+    """Keep the smallest set of most likely tokens whose probability reaches p (1 = all)."""
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+GREEDY = SamplingConfig()
+
+
+def filter_logits(logits_BxV: jax.Array, cfg: SamplingConfig) -> jax.Array:
+    """Temperature, then top-k, then top-p; removed tokens get NEG_INF."""
+    logits_BxV = logits_BxV / cfg.temperature
+    V = logits_BxV.shape[-1]
+    if 0 < cfg.top_k < V:
+        kth_B = jax.lax.top_k(logits_BxV, cfg.top_k)[0][:, -1]
+        logits_BxV = jnp.where(logits_BxV < kth_B[:, None], NEG_INF, logits_BxV)
+    if cfg.top_p < 1.0:
+        sorted_BxV = jnp.sort(logits_BxV, axis=-1)[:, ::-1]
+        probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
+        # A token is kept while the mass of the strictly more likely tokens is below p.
+        before_BxV = jnp.cumsum(probs_BxV, axis=-1) - probs_BxV
+        n_keep_B = jnp.maximum(jnp.sum(before_BxV < cfg.top_p, axis=-1), 1)
+        cutoff_B = jnp.take_along_axis(sorted_BxV, (n_keep_B - 1)[:, None], axis=-1)[:, 0]
+        logits_BxV = jnp.where(logits_BxV < cutoff_B[:, None], NEG_INF, logits_BxV)
+    return logits_BxV
+
+
+def choose(logits_BxV: jax.Array, rng: jax.Array, cfg: SamplingConfig) -> jax.Array:
+    """int32 next tokens of shape B."""
+    if cfg.greedy:
+        return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(rng, filter_logits(logits_BxV, cfg), axis=-1).astype(jnp.int32)

@@ -1,0 +1,78 @@
+"""The pytree carried by the jitted decode loops, and the row status codes the host reads at loop exits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from flax import struct
+
+RUNNING = 0
+"""The row is generating."""
+EOS = 1
+"""The row emitted the end token."""
+READ_PAUSE = 2
+"""The row closed the queries of an open read call with `)-->`: the host answers it."""
+OPEN_PAUSE = 3
+"""The row opened a new read call while an earlier call is still in its context: the host removes the
+earlier call (paper §3.2, case iii)."""
+BUDGET = 4
+"""The row used up its token budget."""
+FULL = 5
+"""The row's KV cache is full."""
+STOPPED = 6
+"""Late stopping ended the row (memory writes: K cut points without improvement)."""
+IDLE = 7
+"""The host finished with this row (or the row is batch padding)."""
+
+STATUS_NAMES = {RUNNING: "running", EOS: "eos", READ_PAUSE: "read", OPEN_PAUSE: "open", BUDGET: "budget",
+                FULL: "cache_full", STOPPED: "late_stop", IDLE: "idle"}
+
+
+@struct.dataclass
+class DecodeState:
+    """Everything the read loop carries. The cache holds every context token; `logits_BxV` is the
+    distribution of each row's next token (computed from the last cached token)."""
+
+    cache: Any
+    """The model's KV cache (`lengths_B` valid slots per row; slot == absolute position)."""
+    logits_BxV: jax.Array
+    """float32 next-token logits."""
+    out_BxC: jax.Array
+    """int32 tokens generated during the current chunk (reset by the host before each chunk)."""
+    n_out_B: jax.Array
+    """int32 tokens written to `out_BxC` this chunk."""
+    status_B: jax.Array
+    """int32 status code (see the module constants)."""
+    budget_B: jax.Array
+    """int32 tokens each row may still generate."""
+    in_call_B: jax.Array
+    """bool: the row is inside a read call (after `({MEM_READ(`, before `)-->`)."""
+    active_call_B: jax.Array
+    """bool: an earlier read call is still in the row's context (opening a new one pauses the row)."""
+    ban_read_B: jax.Array
+    """bool: the next token may not open a read call (set after a call was removed at this point)."""
+    rng: jax.Array
+    """PRNG key for sampling."""
+
+
+@struct.dataclass
+class WriteState:
+    """What the late-stopping write loop carries (paper Appendix A)."""
+
+    cache: Any
+    logits_BxV: jax.Array
+    out_BxT: jax.Array
+    """int32 tokens chosen so far (the call body after the forced `({MEM_WRITE-->`)."""
+    n_out_B: jax.Array
+    status_B: jax.Array
+    sum_logp_B: jax.Array
+    """float32 sum of the log-probabilities of the chosen tokens."""
+    best_score_B: jax.Array
+    """float32 best average log-probability at a cut point (-inf before the first)."""
+    best_cut_B: jax.Array
+    """int32 number of body tokens before the best cut point (-1 before the first)."""
+    n_cuts_B: jax.Array
+    """int32 cut points recorded."""
+    no_improve_B: jax.Array
+    """int32 consecutive cut points that did not beat the best."""

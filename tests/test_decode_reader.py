@@ -1,0 +1,161 @@
+"""Memory-read controller protocol paths, driven by a scripted model (exact token scripts)."""
+
+import dataclasses
+
+import pytest
+
+from memllm_jax import protocol
+from memllm_jax.decode.reader import generate_with_memory
+from memllm_jax.decode.stubs import CharTokenizer, PolicyModel
+
+TOK = CharTokenizer()
+EOS = TOK.eos_id
+
+
+@dataclasses.dataclass
+class Result:
+    entities: list
+    too_large: bool = False
+    scores: list = dataclasses.field(default_factory=list)
+
+
+class FakeMemory:
+    """Answers from a dict; records every batched call."""
+
+    def __init__(self, facts, q_thr=30):
+        self.facts, self.q_thr, self.calls = facts, q_thr, []
+
+    def query(self, queries):
+        self.calls.append(list(queries))
+        out = []
+        for q in queries:
+            ents = list(self.facts.get((q.subject, q.relation, q.object), []))
+            out.append(Result([] if len(ents) > self.q_thr else ents, len(ents) > self.q_thr))
+        return out
+
+
+def scripted(*scripts):
+    """A model that continues every script of which the generated text is a prefix, in script order."""
+    encoded = [TOK.encode(s) + [EOS] for s in scripts]
+
+    def policy(ctx):
+        gen = ctx[ctx.index(TOK.bos_id) + 1 :]
+        gen = gen[gen.index(PROMPT_END) + 1 :] if PROMPT_END in gen else gen
+        prefs = [s[len(gen)] for s in encoded if s[: len(gen)] == gen and len(s) > len(gen)]
+        return list(dict.fromkeys(prefs)) or [EOS]
+
+    return PolicyModel(policy, TOK.vocab_size)
+
+
+PROMPT_END = TOK.encode("|")[0]
+PROMPT = "Q|"
+
+
+def run(model, memory, prompts=(PROMPT,), **kw):
+    kw.setdefault("max_new_tokens", 60)
+    return generate_with_memory(model, TOK, memory, list(prompts), chunk=8, **kw)
+
+
+def test_kept_result_is_prefilled_and_generation_continues():
+    mem = FakeMemory({("x", "r", None): ["Paris"]})
+    [res] = run(scripted("ab({MEM_READ(x>>r>>)-->Paris})cd"), mem)
+    assert res.text == "ab({MEM_READ(x>>r>>)-->Paris})cd"
+    assert res.plain_text == "abcd"
+    assert res.finish_reason == "eos"
+    [call] = res.calls
+    assert call.queries == (protocol.Query("x", "r", None),) and call.result == ("Paris",) and not call.removed
+    assert len(mem.calls) == 1
+
+
+def test_empty_result_removes_call_and_bans_reopening():
+    mem = FakeMemory({})
+    [res] = run(scripted("ab({MEM_READ(x>>r>>)-->", "abcd"), mem)
+    assert res.text == "abcd"
+    [call] = res.calls
+    assert call.removed and call.reason == "empty" and call.result == ()
+    assert res.n_generated == len("ab") + 1 + len("x>>r>>") + 1 + len("cd") + 1
+
+
+def test_too_many_results_removes_call():
+    mem = FakeMemory({("x", "r", None): [f"e{i}" for i in range(31)]})
+    [res] = run(scripted("ab({MEM_READ(x>>r>>)-->", "abcd"), mem)
+    assert res.text == "abcd"
+    assert res.calls[0].removed and res.calls[0].reason == "too_large"
+
+
+def test_q_thr_applies_to_merged_results():
+    mem = FakeMemory({("x", "r", None): ["a", "b"], (None, "r", "y"): ["c"]})
+    [res] = run(scripted("ab({MEM_READ(x>>r>>;>>r>>y)-->", "abcd"), mem, q_thr=2)
+    assert res.calls[0].reason == "too_large" and res.text == "abcd"
+
+
+def test_malformed_query_is_treated_as_empty_without_memory_call():
+    mem = FakeMemory({("x", "r", None): ["Paris"]})
+    [res] = run(scripted("ab({MEM_READ(x>>r)-->", "abcd"), mem)
+    assert res.text == "abcd"
+    assert res.calls[0].reason == "malformed" and res.calls[0].errors
+    assert mem.calls == []
+
+
+def test_new_call_removes_previous_and_repeated_query_is_not_rerun():
+    mem = FakeMemory({("x", "r", None): ["P"]})
+    model = scripted("a({MEM_READ(x>>r>>)-->P})b({MEM_READ(", "ab({MEM_READ(x>>r>>)-->P})c")
+    [res] = run(model, mem)
+    assert res.text == "ab({MEM_READ(x>>r>>)-->P})c"
+    first, second = res.calls
+    assert first.removed and first.reason == "new_call"
+    assert second.repeated and not second.removed and second.result == ("P",)
+    assert len(mem.calls) == 1
+
+
+def test_call_cut_by_token_budget():
+    mem = FakeMemory({("x", "r", None): ["P"]})
+    [res] = run(scripted("ab({MEM_READ(xxxxxxxxxxxx>>r>>)-->"), mem, max_new_tokens=6)
+    assert res.finish_reason == "budget" and len(res.token_ids) == 6
+    [call] = res.calls
+    assert not call.complete and call.reason == "truncated"
+    assert res.plain_text == "ab" and mem.calls == []
+
+
+def test_forced_read_and_gold_queries():
+    mem = FakeMemory({("x", "r", None): ["P"]})
+    model = scripted("({MEM_READ(x>>r>>)-->P})z")
+    [gold] = run(model, mem, gold_queries=[[protocol.Query("x", "r", None)]])
+    assert gold.text == "P})z" and gold.calls[0].result == ("P",)
+    [forced] = run(model, mem, force_read=True)
+    assert forced.text == "x>>r>>)-->P})z" and forced.calls[0].result == ("P",)
+
+
+def test_batch_rows_pause_independently_with_one_memory_call_per_round():
+    mem = FakeMemory({("x", "r", None): ["Paris"], ("y", "r", None): ["Rome"]})
+    scripts = ["ab({MEM_READ(x>>r>>)-->Paris})cd", "a({MEM_READ(y>>r>>)-->Rome})e",
+               "abcdefghijklmnopqrstuvwxyz", "ab({MEM_READ(z>>r>>)-->"]
+    # Both reads close within the same 8-token chunk, so they share one batched memory call.
+    single = [run(scripted(s), mem)[0].text for s in scripts[:3]]
+    mem.calls.clear()
+    batched = run(_BatchScripts(scripts), mem, prompts=["0|", "1|", "2|"])
+    assert [r.text for r in batched] == single
+    assert len(mem.calls) == 1 and len(mem.calls[0]) == 2
+
+
+def _BatchScripts(scripts):
+    encoded = [TOK.encode(s) + [EOS] for s in scripts]
+    digits = {TOK.encode(str(i))[0]: i for i in range(len(scripts))}
+
+    def policy(ctx):
+        if len(ctx) < 3:
+            return [EOS]
+        script = encoded[digits[ctx[1]]]
+        gen = ctx[3:]
+        return [script[len(gen)]] if script[: len(gen)] == gen and len(script) > len(gen) else [EOS]
+
+    return PolicyModel(policy, TOK.vocab_size)
+
+
+def test_marker_strings_in_prompt_never_trigger_memory():
+    mem = FakeMemory({("x", "r", None): ["P"]})
+    text = "say ({MEM_READ(x>>r>>)--> and })|"
+    model = scripted("ok")
+    [res] = run(model, mem, prompts=[text])
+    assert not set(res.prompt_ids) & set(TOK.marker_id.values())
+    assert res.calls == [] and mem.calls == [] and res.text == "ok"
