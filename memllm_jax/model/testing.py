@@ -1,0 +1,70 @@
+"""Helpers for tests and benchmarks: tiny random HF torch Mistral models written to a directory."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from memllm_jax.config import ModelConfig
+
+
+def hf_mistral(cfg: ModelConfig, seed: int = 0, dtype: str = "float32"):
+    """A random `MistralForCausalLM` (eager attention) with the shapes of `cfg`, in eval mode."""
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(seed)
+    hf_cfg = MistralConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_seq_len,
+        rms_norm_eps=cfg.norm_eps,
+        rope_theta=cfg.rope_theta,
+        sliding_window=cfg.sliding_window,
+        tie_word_embeddings=cfg.tie_embeddings,
+        attn_implementation="eager",
+    )
+    model = MistralForCausalLM(hf_cfg).to(getattr(torch, dtype)).eval()
+    # HF initialises norms to ones; randomise them so the parity test also checks the norm mapping.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    return model
+
+
+def save_hf_mistral(cfg: ModelConfig, directory: str | pathlib.Path, seed: int = 0, **save_kwargs):
+    """Create `hf_mistral(cfg, seed)`, save it with `save_pretrained` and return it."""
+    model = hf_mistral(cfg, seed)
+    model.save_pretrained(str(directory), **save_kwargs)
+    return model
+
+
+def hf_logits(model, tokens_BxL: np.ndarray, positions_BxL: np.ndarray, mask_BxL: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.as_tensor(np.asarray(tokens_BxL), dtype=torch.long),
+            position_ids=torch.as_tensor(np.asarray(positions_BxL), dtype=torch.long),
+            attention_mask=torch.as_tensor(np.asarray(mask_BxL), dtype=torch.long),
+        )
+    return out.logits.float().numpy()
+
+
+def padded_batch(rng: np.random.Generator, vocab: int, batch: int, length: int, left_pad: int = 0, right_pad: int = 0):
+    """tokens, positions, mask: row 0 full, row 1 left-padded by `left_pad`, row 2 right-padded by `right_pad`."""
+    tokens = rng.integers(0, vocab, (batch, length)).astype(np.int32)
+    mask = np.ones((batch, length), bool)
+    if batch > 1 and left_pad:
+        mask[1, :left_pad] = False
+    if batch > 2 and right_pad:
+        mask[2, length - right_pad:] = False
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+    return tokens, positions, mask
