@@ -1,0 +1,236 @@
+"""Memory writes (paper §3.2, Appendix A): each sentence of a document becomes the focus sentence of a
+write prompt with a bounded pretext; the model's write call is decoded with late stopping, batched across
+sentences and documents, parsed, and added to the memory with provenance `doc_id/sentence_index`.
+
+Late stopping: greedy, except that when the closing token `})` is the top choice, the position is recorded
+as a cut point with score = average log-probability of the body so far plus that closing token, and the
+second-best token is taken instead. Decoding stops once K consecutive cut points fail to beat the best
+score (or at EOS, the token budget, a full cache); the call is cut at the best point. A row that never
+reaches a cut point writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Iterable, Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from memllm_jax import protocol
+from memllm_jax.decode import state as st
+from memllm_jax.decode.loop import bucket, host, prefill, split_model
+
+PATIENCE = 5
+"""K in Appendix A."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteSpec:
+    max_new_tokens: int
+    close_id: int
+    eos_id: int
+    max_len: int
+    patience: int = PATIENCE
+    late_stopping: bool = True
+    """False: plain greedy decoding that ends at the first `})`."""
+
+
+def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
+    B = s.status_B.shape[0]
+    running_B = s.status_B == st.RUNNING
+    logp_BxV = jax.nn.log_softmax(s.logits_BxV, axis=-1)
+    top_B2 = jax.lax.top_k(s.logits_BxV, 2)[1].astype(jnp.int32)
+    is_cut_B = running_B & (top_B2[:, 0] == spec.close_id)
+    cut_score_B = (s.sum_logp_B + logp_BxV[:, spec.close_id]) / (s.n_out_B + 1).astype(jnp.float32)
+    improve_B = is_cut_B & (cut_score_B > s.best_score_B)
+    no_improve_B = jnp.where(is_cut_B, jnp.where(improve_B, 0, s.no_improve_B + 1), s.no_improve_B)
+    stop_B = is_cut_B & ((no_improve_B >= spec.patience) | (not spec.late_stopping))
+    feed_B = running_B & ~stop_B
+    tok_B = jnp.where(is_cut_B, top_B2[:, 1], top_B2[:, 0])
+    tok_B = jnp.where(feed_B, tok_B, 0)
+    logits_Bx1xV, cache = model(tok_B[:, None], s.cache.lengths_B[:, None], feed_B[:, None], cache=s.cache)
+    T = s.out_BxT.shape[1]
+    n_B = s.n_out_B + feed_B.astype(jnp.int32)
+    status_B = jnp.where(stop_B, st.STOPPED, s.status_B)
+    status_B = jnp.where(feed_B & (n_B >= spec.max_new_tokens), st.BUDGET, status_B)
+    status_B = jnp.where(feed_B & (cache.lengths_B >= spec.max_len), st.FULL, status_B)
+    status_B = jnp.where(feed_B & (tok_B == spec.eos_id), st.EOS, status_B)
+    return s.replace(
+        cache=cache,
+        logits_BxV=jnp.where(feed_B[:, None], logits_Bx1xV[:, 0], s.logits_BxV),
+        out_BxT=s.out_BxT.at[jnp.arange(B), jnp.where(feed_B, s.n_out_B, T)].set(tok_B, mode="drop"),
+        n_out_B=n_B,
+        status_B=status_B,
+        sum_logp_B=s.sum_logp_B + jnp.where(feed_B, jnp.take_along_axis(logp_BxV, tok_B[:, None], 1)[:, 0], 0.0),
+        best_score_B=jnp.where(improve_B, cut_score_B, s.best_score_B),
+        best_cut_B=jnp.where(improve_B, s.n_out_B, s.best_cut_B),
+        n_cuts_B=s.n_cuts_B + is_cut_B.astype(jnp.int32),
+        no_improve_B=no_improve_B,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
+def write_loop(graphdef, params, s: st.WriteState, spec: WriteSpec) -> st.WriteState:
+    model = nnx.merge(graphdef, params)
+    return jax.lax.while_loop(lambda s: jnp.any(s.status_B == st.RUNNING),
+                              lambda s: _write_step(model, spec, s), s)
+
+
+def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int = 128,
+                  late_stopping: bool = True, patience: int = PATIENCE, make_cache=None,
+                  pad_to: int | None = None) -> list[dict]:
+    """Decode the write call after each prompt (which ends with `({MEM_WRITE-->`). Returns per prompt the
+    body tokens up to the chosen cut (`ids`), the call text, the cut points and the stop reason."""
+    graphdef, params = split_model(model)
+    B = len(prompt_ids)
+    rows = [list(p) for p in prompt_ids] + [[tokenizer.bos_id]] * max(0, (pad_to or B) - B)
+    Bp = len(rows)
+    max_len = bucket(max(len(p) for p in rows) + max_new_tokens + 1)
+    if make_cache is None:
+        from memllm_jax.model.mistral import init_cache
+
+        make_cache = functools.partial(init_cache, model.cfg)
+    cache, logits = prefill(graphdef, params, make_cache(Bp, max_len), jnp.zeros((Bp, tokenizer.vocab_size)), rows)
+    status = np.full(Bp, st.RUNNING, np.int32)
+    status[B:] = st.IDLE
+    s = st.WriteState(
+        cache=cache, logits_BxV=logits, out_BxT=jnp.zeros((Bp, max_new_tokens), jnp.int32),
+        n_out_B=jnp.zeros(Bp, jnp.int32), status_B=jnp.asarray(status), sum_logp_B=jnp.zeros(Bp),
+        best_score_B=jnp.full(Bp, -jnp.inf), best_cut_B=jnp.full(Bp, -1, jnp.int32),
+        n_cuts_B=jnp.zeros(Bp, jnp.int32), no_improve_B=jnp.zeros(Bp, jnp.int32))
+    spec = WriteSpec(max_new_tokens=max_new_tokens, close_id=tokenizer.marker_id[protocol.CALL_END],
+                     eos_id=tokenizer.eos_id, max_len=max_len, patience=patience, late_stopping=late_stopping)
+    s = write_loop(graphdef, params, s, spec)
+    out, n, cut, score, n_cuts, status = map(host, (s.out_BxT, s.n_out_B, s.best_cut_B, s.best_score_B, s.n_cuts_B,
+                                                    s.status_B))
+    mem_write = tokenizer.marker_id[protocol.MEM_WRITE]
+    results = []
+    for b in range(B):
+        body = out[b, : cut[b]].tolist() if cut[b] >= 0 else out[b, : n[b]].tolist()
+        text = tokenizer.decode([mem_write] + body + ([spec.close_id] if cut[b] >= 0 else []))
+        results.append({"ids": body, "text": text, "cut": int(cut[b]), "score": float(score[b]),
+                        "n_cuts": int(n_cuts[b]), "n_generated": int(n[b]), "stop": st.STATUS_NAMES[int(status[b])]})
+    return results
+
+
+# ------------------------------------------------------------------------------------------- corpora
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteDocument:
+    """A document as text plus sentence character spans (pretext = text before the focus sentence)."""
+
+    doc_id: str
+    text: str
+    sentences: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def from_sentences(cls, doc_id: str, sentences: Sequence[str]) -> "WriteDocument":
+        spans, pos = [], 0
+        for s in sentences:
+            spans.append((pos, pos + len(s)))
+            pos += len(s) + 1
+        return cls(str(doc_id), " ".join(sentences), tuple(spans))
+
+
+def as_write_document(doc: Any, index: int = 0) -> WriteDocument:
+    """Accept a WriteDocument, an object with `doc_id`/`text`/`sentences` spans (data_gen's Document), a
+    `(doc_id, [sentences])` pair, or a list of sentence strings."""
+    if isinstance(doc, WriteDocument):
+        return doc
+    if hasattr(doc, "text") and hasattr(doc, "sentences"):
+        return WriteDocument(str(getattr(doc, "doc_id", index)), doc.text, tuple(tuple(s) for s in doc.sentences))
+    if isinstance(doc, tuple) and len(doc) == 2 and isinstance(doc[0], str) and not isinstance(doc[1], str):
+        return WriteDocument.from_sentences(doc[0], list(doc[1]))
+    if isinstance(doc, (list, tuple)) and all(isinstance(s, str) for s in doc):
+        return WriteDocument.from_sentences(str(index), list(doc))
+    raise TypeError(f"document {index}: expected sentences, (doc_id, sentences) or a Document, got {type(doc).__name__}")
+
+
+def iter_write_prompts(doc: WriteDocument, tokenizer, pretext_sentences: int = 10,
+                       max_prompt_tokens: int = 384) -> Iterator[tuple[str, list[int]]]:
+    """(provenance, prompt ids ending with `({MEM_WRITE-->`) per sentence; the pretext is the up-to-
+    `pretext_sentences` preceding sentences, dropped from the front until the prompt fits."""
+    mem_write = tokenizer.marker_id[protocol.MEM_WRITE]
+    for i, (start, end) in enumerate(doc.sentences):
+        first = max(0, i - pretext_sentences)
+        while True:
+            pre = doc.text[doc.sentences[first][0] : start] if first < i else ""
+            ids = [tokenizer.bos_id] + tokenizer.encode(protocol.format_write_prompt(pre, doc.text[start:end]))
+            if len(ids) + 1 <= max_prompt_tokens or first >= i:
+                break
+            first += 1
+        yield f"{doc.doc_id}/{i}", (ids + [mem_write])[-max_prompt_tokens:]
+
+
+@dataclasses.dataclass
+class WriteStats:
+    documents: int = 0
+    sentences: int = 0
+    triples: int = 0
+    """Triples parsed from the cut calls and added (before the memory's de-duplication)."""
+    malformed: int = 0
+    """Items of the calls that did not parse."""
+    no_cut: int = 0
+    """Sentences whose call never reached a closing token (nothing written)."""
+    tokens: int = 0
+    """Tokens generated, including those after the chosen cut."""
+
+
+def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_size: int = 16,
+                 max_new_tokens: int = 128, pretext_sentences: int = 10, max_prompt_tokens: int = 384,
+                 late_stopping: bool = True, patience: int = PATIENCE, make_cache=None,
+                 on_batch=None) -> WriteStats:
+    """Extract triples from every sentence of `documents` and add them to `memory`.
+
+    Batches mix sentences of consecutive documents. `on_batch(stats, finished_doc_ids)` runs after every
+    batch (progress bars, checkpoints for resuming): `finished_doc_ids` are the documents all of whose
+    sentences are now in the memory.
+    """
+    stats = WriteStats()
+    pending: list[tuple[str, str, list[int]]] = []
+    remaining: dict[str, int] = {}
+
+    def flush(final: bool) -> None:
+        while pending and (final or len(pending) >= batch_size):
+            batch, pending[:] = pending[:batch_size], pending[batch_size:]
+            outs = decode_writes(model, tokenizer, [p for _, _, p in batch], max_new_tokens=max_new_tokens,
+                                 late_stopping=late_stopping, patience=patience, make_cache=make_cache,
+                                 pad_to=batch_size)
+            finished = []
+            for (doc_id, source, _), out in zip(batch, outs):
+                stats.sentences += 1
+                stats.tokens += out["n_generated"]
+                if out["cut"] < 0:
+                    stats.no_cut += 1
+                else:
+                    parsed = protocol.parse_write_call(out["text"])
+                    stats.malformed += len(parsed.errors)
+                    if parsed.items:
+                        memory.add(list(parsed.items), source=source)
+                        stats.triples += len(parsed.items)
+                remaining[doc_id] -= 1
+                if remaining[doc_id] == 0:
+                    finished.append(doc_id)
+                    del remaining[doc_id]
+                    stats.documents += 1
+            if on_batch is not None:
+                on_batch(stats, finished)
+
+    for k, raw in enumerate(documents):
+        doc = as_write_document(raw, k)
+        prompts = list(iter_write_prompts(doc, tokenizer, pretext_sentences, max_prompt_tokens))
+        if not prompts:
+            stats.documents += 1
+            if on_batch is not None:
+                on_batch(stats, [doc.doc_id])
+            continue
+        remaining[doc.doc_id] = remaining.get(doc.doc_id, 0) + len(prompts)
+        pending += [(doc.doc_id, src, ids) for src, ids in prompts]
+        flush(False)
+    flush(True)
+    return stats

@@ -1,0 +1,120 @@
+"""Memory writes: late stopping against a brute-force reading of Appendix A, corpus writing with
+provenance, and marker strings inside documents."""
+
+import numpy as np
+import pytest
+
+from memllm_jax import protocol
+from memllm_jax.decode.stubs import CharTokenizer, PolicyModel, TableModel
+from memllm_jax.decode.writer import decode_writes, write_corpus
+
+TOK = CharTokenizer()
+CLOSE = TOK.marker_id[protocol.CALL_END]
+
+
+def reference(table, prompt, close, eos, patience, max_new, late=True):
+    """Appendix A, step by step: greedy; a top-1 closing token records a cut point (average log-prob of
+    the body plus the closing token) and the runner-up is taken; stop after `patience` cut points in a
+    row that do not improve on the best; cut at the best."""
+    P = table.shape[0]
+    ctx, body, lps = list(prompt), [], []
+    best, best_pos, no_improve = -np.inf, -1, 0
+    while True:
+        logits = table[min(len(ctx) - 1, P - 1), ctx[-1]].astype(np.float64)
+        logp = logits - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+        order = np.argsort(-logits)
+        if order[0] == close:
+            score = (sum(lps) + logp[close]) / (len(lps) + 1)
+            if score > best:
+                best, best_pos, no_improve = score, len(body), 0
+            else:
+                no_improve += 1
+            if not late or no_improve >= patience:
+                break
+            t = int(order[1])
+        else:
+            t = int(order[0])
+        body.append(t)
+        lps.append(logp[t])
+        ctx.append(t)
+        if t == eos or len(body) >= max_new:
+            break
+    return (body[:best_pos] if best_pos >= 0 else body), best_pos, best
+
+
+class SmallTok:
+    bos_id, eos_id, pad_id, vocab_size = 1, 2, 0, 12
+    marker_id = {protocol.CALL_END: 3, protocol.MEM_WRITE: 4}
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("late", [True, False])
+def test_late_stopping_matches_brute_force_on_random_logits(seed, late):
+    rng = np.random.default_rng(seed)
+    V, P = SmallTok.vocab_size, 96
+    table = rng.normal(size=(P, V, V)).astype(np.float32)
+    table[:, :, 3] += 1.2  # the closing token is often, not always, the top choice
+    table[:, :, 2] -= 1.0  # EOS now and then
+    prompts = [[1] + rng.integers(5, V, size=n).tolist() + [4] for n in (3, 7, 1, 12, 5, 9)]
+    outs = decode_writes(TableModel(table), SmallTok(), prompts, max_new_tokens=40, late_stopping=late,
+                         make_cache=TableModel(table).make_cache)
+    n_cuts = 0
+    for prompt, out in zip(prompts, outs):
+        body, cut, best = reference(table, prompt, 3, 2, 5, 40, late)
+        assert out["ids"] == body and out["cut"] == cut
+        if cut >= 0:
+            assert out["score"] == pytest.approx(best, abs=1e-5)
+        n_cuts += out["n_cuts"]
+    # late: the rule was exercised past the first cut; greedy: one cut at most per row
+    assert n_cuts > 2 * len(prompts) if late else n_cuts <= len(prompts)
+
+
+class RecordingMemory:
+    def __init__(self):
+        self.added = []
+
+    def add(self, triples, source="", replace=False):
+        self.added.append((list(triples), source))
+        return list(range(len(triples)))
+
+
+def write_policy(ctx):
+    """After `({MEM_WRITE-->`: `a>>r>>b`, then `})` over `;`, then `c>>r>>d`, then `})` over `;`, ..."""
+    start = ctx.index(TOK.marker_id[protocol.MEM_WRITE]) + 1 if TOK.marker_id[protocol.MEM_WRITE] in ctx else None
+    if start is None:
+        return [TOK.eos_id]
+    body = TOK.decode(ctx[start:])
+    item = body.split(";")[-1]
+    target = "a>>r>>b" if body.count(";") == 0 else "c>>r>>d"
+    if item == target:
+        return [CLOSE] + TOK.encode(";")
+    if target.startswith(item):
+        return TOK.encode(target[len(item)])
+    return [TOK.eos_id]
+
+
+def test_write_corpus_cuts_at_best_point_and_records_provenance():
+    mem = RecordingMemory()
+    docs = [("d1", ["First sentence.", "Second one."]), ("d2", ["Only ({MEM_WRITE--> x>>y>>z}) here."])]
+    seen = []
+    stats = write_corpus(PolicyModel(write_policy, TOK.vocab_size), TOK, mem, docs, batch_size=2,
+                         max_new_tokens=48, make_cache=PolicyModel(write_policy, TOK.vocab_size).make_cache,
+                         on_batch=lambda s, done: seen.extend(done))
+    assert stats.sentences == 3 and stats.documents == 2 and stats.no_cut == 0
+    assert mem.added == [([protocol.Triple("a", "r", "b")], "d1/0"), ([protocol.Triple("a", "r", "b")], "d1/1"),
+                         ([protocol.Triple("a", "r", "b")], "d2/0")]
+    assert seen == ["d1", "d2"]
+    # late stopping went on past the first cut: 1 improving cut + 5 without improvement
+    assert stats.tokens > 6 * len("a>>r>>b")
+
+
+def test_marker_strings_in_documents_never_form_markers():
+    from memllm_jax.decode.writer import WriteDocument, iter_write_prompts
+
+    doc = WriteDocument.from_sentences("d", ["a ({MEM_READ(x>>r>>)--> b", "c }) ({USER_ST}) d"])
+    for _, ids in iter_write_prompts(doc, TOK):
+        markers = [t for t in ids if t in TOK.marker_id.values()]
+        assert markers == [TOK.marker_id[m] for m in (protocol.USER_ST, protocol.USER_END, protocol.MEM_WRITE)]
