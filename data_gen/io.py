@@ -23,6 +23,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

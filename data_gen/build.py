@@ -1,0 +1,132 @@
+"""`memllm data build`: stream a DocRED-format corpus into write / read / eval / lm example files.
+
+Every output is written atomically (temp file, then `os.replace` when the whole build succeeded), so a
+malformed document stops the build with an error naming the file, document and field and leaves no
+partial output. Documents are streamed; only the gold lookup (one pass) and, for counterfactual variants,
+the raw corpus are held in memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pathlib
+import tempfile
+import time
+from typing import Callable, Iterable, Iterator, Mapping
+
+from data_gen.docred import Document, documents_from_raw, iter_documents
+from data_gen.eval_examples import eval_record
+from data_gen.io import JsonlWriter, atomic_open, iter_json_array
+from data_gen.read_examples import read_records, scan_read_points
+from data_gen.stats import Stats
+from data_gen.write_examples import iter_write_items, write_coverage, write_record
+from memllm_jax import protocol as P
+
+
+class ArrayRecordOut:
+    """Atomic ArrayRecord writer of JSON records (grain's `ArrayRecordDataSource` reads it)."""
+
+    def __init__(self, path: pathlib.Path):
+        self.path = path
+        self.count = 0
+
+    def __enter__(self):
+        from array_record.python.array_record_module import ArrayRecordWriter  # noqa: PLC0415
+
+        fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        os.close(fd)
+        self._w = ArrayRecordWriter(self.tmp, "group_size:1")
+        return self
+
+    def write(self, record: dict) -> None:
+        self._w.write(json.dumps(record, ensure_ascii=False).encode("utf-8"))
+        self.count += 1
+
+    def __exit__(self, exc_type, *rest):
+        self._w.close()
+        if exc_type is None:
+            os.chmod(self.tmp, 0o644)
+            os.replace(self.tmp, self.path)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.tmp)
+        return False
+
+
+def lm_record(doc: Document) -> dict:
+    return {"kind": "lm", "doc": doc.doc_id, "segments": [{"text": P.escape_text(doc.text), "loss": True}], "eos": True}
+
+
+def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, *, pretext_sentences: int | None,
+                   q_thr: int, max_queries: int, filter_ambiguous: bool) -> Iterator[tuple[str, dict]]:
+    stats.documents += 1
+    if "write" in kinds:
+        for item in iter_write_items(doc, pretext_sentences):
+            rec = write_record(doc, item)
+            stats.add_write(rec)
+            yield "write", rec
+        cov = write_coverage(doc, pretext_sentences)
+        stats.add_coverage(cov)
+        for c in cov:
+            if not c["sentences"]:
+                yield "coverage", {"doc": doc.doc_id, **c}
+    if "read" in kinds:
+        points = scan_read_points(doc, query_fn, q_thr=q_thr, max_queries=max_queries, filter_ambiguous=filter_ambiguous)
+        stats.add_read_points(points)
+        for rec in read_records(doc, points):
+            yield "read", rec
+    if "eval" in kinds:
+        rec = eval_record(doc, max_queries=max_queries, filter_ambiguous=filter_ambiguous)
+        stats.add_eval(rec)
+        yield "eval", rec
+    if "lm" in kinds:
+        yield "lm", lm_record(doc)
+
+
+def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds: set[str], memory: str = "gold",
+              query_fn_factory: Callable[[Callable[[], Iterable[Document]]], object] | None = None,
+              pretext_sentences: int | None = 10, q_thr: int = 30, max_queries: int = 3, filter_ambiguous: bool = True,
+              counterfactual: int = 0, fmt: str = "jsonl", limit: int | None = None, seed: int = 0) -> Stats:
+    t0 = time.perf_counter()
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    streams: list[tuple[int | None, Callable[[], Iterator[Document]]]] = [
+        (None, lambda: iter_documents(input_path, labels, limit))]
+    if counterfactual:
+        from data_gen.counterfactual import name_pools, permutation, replace_entities  # noqa: PLC0415
+
+        raw = [d for i, d in zip(range(limit if limit is not None else 1 << 62), iter_json_array(input_path))]
+        list(documents_from_raw(raw, labels, input_path))  # validate before building variants
+        pools = name_pools(raw)
+        for v in range(counterfactual):
+            mapping = permutation(pools, seed, v)
+            streams.append((v, lambda m=mapping: documents_from_raw((replace_entities(d, m) for d in raw), labels,
+                                                                   f"{input_path} (counterfactual)")))
+    names = sorted(kinds) + (["coverage"] if "write" in kinds else [])
+    suffix = ".array_record" if fmt == "arrayrecord" else ".jsonl"
+    stats = Stats()
+    with contextlib.ExitStack() as stack:
+        writers = {k: stack.enter_context(ArrayRecordOut(out / f"{k}{suffix}") if fmt == "arrayrecord" and k != "coverage"
+                                          else JsonlWriter(out / f"{k}.jsonl")) for k in names}
+        for variant, factory in streams:
+            query_fn = None
+            if "read" in kinds:
+                query_fn = query_fn_factory(factory) if query_fn_factory is not None else _gold(factory)
+            for doc in factory():
+                for kind, rec in build_document(doc, kinds, query_fn, stats, pretext_sentences=pretext_sentences,
+                                                q_thr=q_thr, max_queries=max_queries, filter_ambiguous=filter_ambiguous):
+                    if variant is not None:
+                        rec["variant"] = variant
+                    writers[kind].write(rec)
+        stats.seconds = time.perf_counter() - t0
+        with atomic_open(out / "stats.json") as f:
+            json.dump(stats.to_json(), f, indent=1)
+    return stats
+
+
+def _gold(factory):
+    from data_gen.gold_memory import GoldLookup  # noqa: PLC0415
+
+    return GoldLookup().add_documents(factory())

@@ -1,0 +1,207 @@
+"""`memllm data synth|build|filter`: synthesize corpora, build write / read / eval examples, filter relations."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+import time
+
+from data_gen.relations import DEFAULT_REL_INFO, load_relation_labels
+from data_gen.stats import Stats
+
+MEMLLM_LABELS = DEFAULT_REL_INFO.parent / "rel_labels_memllm.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="data_command", required=True)
+    s = sub.add_parser("synth", help="write a synthetic DocRED-format corpus (and its rel_info.json)")
+    s.add_argument("--out", required=True, help="output .json (a DocRED array) or .jsonl")
+    s.add_argument("--docs", type=int, default=1000)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--persons", type=int, default=None, help="world size (default docs // 2, in [40, 50000])")
+    s.add_argument("--style", choices=("docred", "retllm"), default="docred")
+
+    b = sub.add_parser("build", help="build write / read / eval examples from a DocRED-format corpus")
+    b.add_argument("--input", required=True, help="DocRED-format .json array or .jsonl")
+    b.add_argument("--out", required=True, help="output directory")
+    b.add_argument("--kinds", default="write,read,eval", help="comma list of write, read, eval, lm")
+    b.add_argument("--labels", default=None,
+                   help="relation labels: a JSON file, 'docred' (rel_info.json) or 'memllm' (rel_labels_memllm.json); "
+                        "default: rel_info.json beside the input, else DocRED's")
+    b.add_argument("--memory", default="gold",
+                   help="'gold' (exact lookup of the corpus's gold triples) or a TripleMemory directory "
+                        "(created and filled with the gold triples when it does not exist)")
+    b.add_argument("--encoder", default="minilm", help="entity/relation encoder for --memory DIR (minilm, hash:DIM, dir)")
+    b.add_argument("--pretext-sentences", type=int, default=10, help="write-example pretext window (sentences)")
+    b.add_argument("--q-thr", type=int, default=30)
+    b.add_argument("--max-queries", type=int, default=3)
+    b.add_argument("--no-ambiguous-filter", action="store_true", help="keep Table 4's ambiguous queries")
+    b.add_argument("--counterfactual", type=int, default=0, help="also build N counterfactual variants (§4.1)")
+    b.add_argument("--format", choices=("jsonl", "arrayrecord"), default="jsonl")
+    b.add_argument("--limit", type=int, default=None, help="only the first N documents")
+    b.add_argument("--seed", type=int, default=0)
+
+    f = sub.add_parser("filter", help="distant-supervision filter (§4.1.1, Figure 5 prompt)")
+    f.add_argument("--input", required=True)
+    f.add_argument("--labels", default=None)
+    f.add_argument("--prompts", default=None, help="write the candidate prompts to this JSONL and stop")
+    f.add_argument("--answers", default=None, help="JSONL of completions ({'completion': str}) in --prompts order")
+    f.add_argument("--model", default=None, help="an HF model directory to generate the answers with")
+    f.add_argument("--max-new-tokens", type=int, default=96)
+    f.add_argument("--score", type=int, default=0, help="score on a balanced set of N positives + N negatives (Table 1)")
+    f.add_argument("--only-missing-evidence", action="store_true", help="judge only relations without evidence")
+    f.add_argument("--out", default=None, help="filtered corpus (.json) to write")
+    f.add_argument("--seed", type=int, default=0)
+
+
+def _labels(spec: str | None, input_path: str) -> dict[str, str]:
+    if spec == "docred":
+        return load_relation_labels(DEFAULT_REL_INFO)
+    if spec == "memllm":
+        return load_relation_labels(MEMLLM_LABELS)
+    if spec:
+        return load_relation_labels(spec)
+    beside = pathlib.Path(input_path).parent / "rel_info.json"
+    return load_relation_labels(beside if beside.exists() else DEFAULT_REL_INFO)
+
+
+def main(args: argparse.Namespace) -> int:
+    return {"synth": _synth, "build": _build, "filter": _filter}[args.data_command](args)
+
+
+def _synth(args) -> int:
+    from data_gen.io import JsonArrayWriter, JsonlWriter, atomic_open
+    from data_gen.synthetic import iter_synthetic, synthetic_rel_info
+
+    t0 = time.perf_counter()
+    out = pathlib.Path(args.out)
+    n_sent = n_rel = n_pron = 0
+    writer = JsonlWriter(out) if out.suffix == ".jsonl" else JsonArrayWriter(out)
+    with writer as w:
+        for doc in iter_synthetic(args.docs, args.seed, args.persons, args.style):
+            w.write(doc)
+            n_sent += len(doc["sents"])
+            n_rel += len(doc["labels"])
+            n_pron += sum(m["name"].lower() in ("he", "she", "it", "his", "her", "its") for e in doc["vertexSet"] for m in e)
+    with atomic_open(out.parent / "rel_info.json") as f:
+        json.dump(synthetic_rel_info(), f, indent=1)
+    dt = time.perf_counter() - t0
+    print(f"## synthetic corpus ({args.style}, seed {args.seed})\n\n| statistic | value |\n|---|---|\n"
+          f"| documents | {args.docs} |\n| sentences per document | {n_sent / max(args.docs, 1):.2f} |\n"
+          f"| relations per document | {n_rel / max(args.docs, 1):.2f} |\n| pronoun mentions | {n_pron} |\n"
+          f"| relation types | {len(synthetic_rel_info())} |\n| seconds | {dt:.2f} |\n\nwrote {out} and {out.parent / 'rel_info.json'}")
+    return 0
+
+
+def _query_fn(args, docs_iter_factory, labels):
+    from data_gen.gold_memory import GoldLookup, fill_memory, memory_query_fn
+
+    if args.memory == "gold":
+        return GoldLookup().add_documents(docs_iter_factory())
+    from memllm_jax.memory import TripleMemory, load_encoder
+
+    enc = load_encoder(args.encoder)
+    mem_dir = pathlib.Path(args.memory)
+    if mem_dir.exists():
+        mem = TripleMemory.open(mem_dir, enc)
+    else:
+        mem = TripleMemory(enc)
+        n = fill_memory(mem, docs_iter_factory())
+        mem.save(mem_dir)
+        print(f"filled a new memory at {mem_dir} with {n} gold triples", file=sys.stderr)
+    return memory_query_fn(mem)
+
+
+def _build(args) -> int:
+    from data_gen import build
+
+    labels = _labels(args.labels, args.input)
+    kinds = {k.strip() for k in args.kinds.split(",") if k.strip()}
+    bad = kinds - {"write", "read", "eval", "lm"}
+    if bad:
+        raise SystemExit(f"--kinds: unknown kind(s) {sorted(bad)}")
+    stats = build.build_all(args.input, args.out, labels, kinds=kinds, memory=args.memory,
+                            query_fn_factory=lambda factory: _query_fn(args, factory, labels),
+                            pretext_sentences=args.pretext_sentences, q_thr=args.q_thr, max_queries=args.max_queries,
+                            filter_ambiguous=not args.no_ambiguous_filter, counterfactual=args.counterfactual,
+                            fmt=args.format, limit=args.limit, seed=args.seed)
+    print(stats.report(f"examples from {args.input}"))
+    return 0
+
+
+def _filter(args) -> int:
+    from data_gen import distant_filter as DF
+    from data_gen.io import JsonArrayWriter, iter_json_array, read_jsonl, write_jsonl
+
+    labels = _labels(args.labels, args.input)
+    docs = list(iter_json_array(args.input))
+    if args.score:
+        cands = DF.balanced_test_set(docs, labels, args.score, args.seed)
+    else:
+        cands = [c for i, d in enumerate(docs) for c in DF.candidates(d, i, labels)
+                 if not (args.only_missing_evidence and d["labels"][c.relation].get("evidence"))]
+    prompts = [DF.build_prompt(c.context, c.focus, c.head, c.label, c.tail) for c in cands]
+    if args.prompts:
+        write_jsonl(args.prompts, ({"doc": c.doc, "relation": c.relation, "sent_id": c.sent_id, "gold": c.gold,
+                                    "prompt": p} for c, p in zip(cands, prompts)))
+        print(f"wrote {len(prompts)} prompts to {args.prompts}")
+        return 0
+    if args.answers:
+        completions = [r.get("completion", "") for r in read_jsonl(args.answers)]
+        if len(completions) != len(prompts):
+            raise SystemExit(f"{args.answers}: {len(completions)} completions for {len(prompts)} prompts")
+        answers = [DF.parse_answer(c) for c in completions]
+    elif args.model:
+        generate_fn = _model_generate_fn(args)
+        answers = DF.judge(cands, generate_fn)
+    else:
+        raise SystemExit("give --prompts (to export), --answers (completions) or --model (generate here)")
+    if args.score:
+        s = DF.score(answers, [bool(c.gold) for c in cands])
+        print("| precision | recall | F1 | accuracy | n | unparsed |\n|---|---|---|---|---|---|\n"
+              f"| {s['precision']:.3f} | {s['recall']:.3f} | {s['f1']:.3f} | {s['accuracy']:.3f} | {s['n']} | {s['unparsed']} |")
+    if args.out:
+        yes: dict[tuple[int, int], list[int]] = {}
+        judged = {(c.doc, c.relation) for c in cands}
+        for c, a in zip(cands, answers):
+            if a:
+                yes.setdefault((c.doc, c.relation), []).append(c.sent_id)
+        kept = dropped = 0
+        with JsonArrayWriter(args.out) as w:
+            for i, d in enumerate(docs):
+                new = []
+                for r_i, lab in enumerate(d.get("labels", [])):
+                    if (i, r_i) not in judged:
+                        new.append(lab)
+                    elif (i, r_i) in yes:
+                        new.append({**lab, "evidence": sorted(set(yes[(i, r_i)]))})
+                kept += len(new)
+                dropped += len(d.get("labels", [])) - len(new)
+                w.write({**d, "labels": new})
+        print(f"kept {kept} relations, dropped {dropped}; wrote {args.out}")
+    return 0
+
+
+def _model_generate_fn(args):
+    """Greedy generation with a model our stack loads (memllm_jax.model.hf + decode), no memory reads."""
+    from memllm_jax.decode.reader import generate_with_memory
+    from memllm_jax.memory import TripleMemory, load_encoder
+    from memllm_jax.model.hf import load_hf
+    from memllm_jax.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(args.model)
+    _, model = load_hf(args.model, extra_tokens=max(0, tok.vocab_size - _hf_vocab(args.model)))
+    memory = TripleMemory(load_encoder("hash:64"))  # empty: a base model does not call it
+
+    def generate_fn(prompts):
+        return [r.plain_text for r in generate_with_memory(model, tok, memory, list(prompts), args.max_new_tokens)]
+
+    return generate_fn
+
+
+def _hf_vocab(model_dir: str) -> int:
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
+        return int(json.load(f)["vocab_size"])
