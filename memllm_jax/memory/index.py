@@ -146,7 +146,7 @@ class ScannIndex:
         self.partitioned = n > self.partition_threshold
         if self.partitioned:
             num_leaves = max(16, int(2 * math.sqrt(n)))
-            to_search = max(8, int(math.ceil(self.leaves_to_search_fraction * num_leaves)))
+            to_search = max(16, int(math.ceil(self.leaves_to_search_fraction * num_leaves)))
             builder = builder.tree(num_leaves=num_leaves, num_leaves_to_search=to_search,
                                    training_sample_size=min(n, 250_000))
             builder = builder.score_ah(2, anisotropic_quantization_threshold=0.2).reorder(4 * self.k0)

@@ -146,7 +146,10 @@ class TripleMemory:
             o = np.array([self.entities.ids[t.object] for t in clean], np.int64)
             if replace and len(clean):
                 pos, rows = self.triples.lookup("s", s)
-                stale = rows[(self.triples.col("r")[rows] == r[pos]) & (self.triples.col("o")[rows] != o[pos])]
+                same_sr = rows[self.triples.col("r")[rows] == r[pos]]
+                batch = set(zip(s.tolist(), r.tolist(), o.tolist()))
+                col = self.triples.col
+                stale = [t for t in set(same_sr.tolist()) if (col("s")[t], col("r")[t], col("o")[t]) not in batch]
                 self.triples.remove(stale)
             ids = np.zeros(len(clean), np.int64)
             fresh: dict[tuple[int, int, int], int] = {}
