@@ -27,7 +27,7 @@ def test_memory_cli_round_trip(tmp_path, capsys):
     assert sorted(capsys.readouterr().out.splitlines()) == ["Ann>>lives in>>Ulm", "Ann>>works for>>Audi"]
     assert main(["memory", "stats", str(d)]) == 0
     stats = json.loads(capsys.readouterr().out)
-    assert stats["triples"] == 2 and stats["entities"] == 3 and stats["records_per_triple"] == 2.5
+    assert stats["triples"] == 2 and stats["entities"] == 4 and stats["records_per_triple"] == 3.0  # BMW stays a record
     out = tmp_path / "out.jsonl"
     assert main(["memory", "export", str(d), str(out)]) == 0
     recs = [json.loads(x) for x in out.read_text().splitlines()]
