@@ -1,0 +1,149 @@
+"""Golden tests: write, read and eval examples of a hand-checked document (exact strings and loss flags)."""
+
+import pytest
+
+from data_gen.docred import parse_document
+from data_gen.eval_examples import eval_record
+from data_gen.gold_memory import GoldLookup
+from data_gen.read_examples import iter_read_examples, scan_read_points
+from data_gen.relations import ambiguous_label_filter, is_ambiguous
+from data_gen.write_examples import iter_write_examples, write_coverage
+from memllm_jax import protocol as P
+
+LABELS = {"P175": "performer", "P19": "place of birth", "P361": "part of", "P150": "contains administrative territorial entity",
+          "P17": "country"}
+RAW = {
+    "title": "Alla Mia Età",
+    "sents": [["Alla", "Mia", "Età", "is", "an", "album", "by", "Tiziano", "Ferro", "."],
+              ["He", "was", "born", "in", "Latina", "."],
+              ["The", "song", "Il", "Regalo", "Più", "Grande", "is", "part", "of", "Alla", "Mia", "Età", "."]],
+    "vertexSet": [
+        [{"name": "Alla Mia Età", "sent_id": 2, "pos": [9, 12], "type": "MISC"},
+         {"name": "Alla Mia Età", "sent_id": 0, "pos": [0, 3], "type": "MISC"}],
+        [{"name": "Tiziano Ferro", "sent_id": 0, "pos": [7, 9], "type": "PER"},
+         {"name": "He", "sent_id": 1, "pos": [0, 1], "type": "PER"}],
+        [{"name": "Latina", "sent_id": 1, "pos": [4, 5], "type": "LOC"}],
+        [{"name": "Il Regalo Più Grande", "sent_id": 2, "pos": [2, 6], "type": "MISC"}],
+    ],
+    "labels": [{"h": 0, "t": 1, "r": "P175", "evidence": [0]}, {"h": 1, "t": 2, "r": "P19", "evidence": [1]},
+               {"h": 3, "t": 0, "r": "P361", "evidence": [2]}, {"h": 3, "t": 1, "r": "P175", "evidence": [2]}],
+}
+TEXT = "Alla Mia Età is an album by Tiziano Ferro. He was born in Latina. The song Il Regalo Più Grande is part of Alla Mia Età."
+
+
+@pytest.fixture
+def doc():
+    return parse_document(RAW, 0, LABELS, "golden.json")
+
+
+def test_text_and_offsets(doc):
+    assert doc.text == TEXT
+    he = doc.entities[1].mentions[1]
+    assert he.is_pronoun and he.text == "He" and TEXT[he.span[0]:he.span[1]] == "He"
+    assert [TEXT[a:b] for a, b in doc.sentences][1] == "He was born in Latina."
+
+
+def test_write_examples_golden(doc):
+    recs = list(iter_write_examples(doc))
+    assert [r["segments"] for r in recs] == [
+        [{"text": "({USER_ST})Alla Mia Età is an album by Tiziano Ferro.({USER_END})", "loss": False},
+         {"text": "({MEM_WRITE-->Alla Mia Età>>performer>>Tiziano Ferro})", "loss": True}],
+        [{"text": "Alla Mia Età is an album by Tiziano Ferro. ({USER_ST})He was born in Latina.({USER_END})", "loss": False},
+         {"text": "({MEM_WRITE-->Tiziano Ferro>>place of birth>>Latina})", "loss": True}],
+        [{"text": "Alla Mia Età is an album by Tiziano Ferro. He was born in Latina. "
+                  "({USER_ST})The song Il Regalo Più Grande is part of Alla Mia Età.({USER_END})", "loss": False},
+         {"text": "({MEM_WRITE-->Il Regalo Più Grande>>performer>>Tiziano Ferro;Alla Mia Età>>performer>>Tiziano Ferro;"
+                  "Il Regalo Più Grande>>part of>>Alla Mia Età})", "loss": True}],
+    ]
+    assert all(r["eos"] for r in recs)
+    assert all(c["sentences"] for c in write_coverage(doc))
+
+
+def test_empty_write_and_pretext_window(doc):
+    recs = list(iter_write_examples(doc, pretext_sentences=0))
+    # without a pretext the pronoun sentence has no full mention of Tiziano Ferro: the write is empty
+    assert recs[1]["segments"][1]["text"] == "({MEM_WRITE-->})"
+    assert recs[1]["segments"][0]["text"] == "({USER_ST})He was born in Latina.({USER_END})"
+    cov = write_coverage(doc, pretext_sentences=0)
+    assert cov[1]["sentences"] == [] and "pretext window" in cov[1]["reason"]
+
+
+def test_read_examples_golden(doc):
+    recs = list(iter_read_examples(doc, GoldLookup().add_documents([doc])))
+    seg = [[(s["text"], s["loss"]) for s in r["segments"]] for r in recs]
+    assert seg[0] == [("Alla Mia Età is an album by ", True),
+                      ("({MEM_READ(Alla Mia Età>>performer>>)-->", True), ("Tiziano Ferro})", False),
+                      ("Tiziano Ferro. He was born in ", True), ("({MEM_READ(", True)]
+    assert seg[1] == [("Alla Mia Età is an album by Tiziano Ferro. He was born in ", False),
+                      ("({MEM_READ(Tiziano Ferro>>place of birth>>)-->", True), ("Latina})", False),
+                      ("Latina. The song ", True), ("({MEM_READ(", True)]
+    assert seg[2] == [("Alla Mia Età is an album by Tiziano Ferro. He was born in Latina. The song ", False),
+                      ("({MEM_READ(>>part of>>Alla Mia Età;>>performer>>Tiziano Ferro)-->", True),
+                      ("Il Regalo Più Grande;Alla Mia Età})", False),
+                      ("Il Regalo Più Grande is part of Alla Mia Età.", True)]
+    assert [r["eos"] for r in recs] == [False, False, True]
+    assert recs[2]["result_counts"] == [1, 2]  # sorted by result count
+    # each example without its calls is a prefix of the document, ending where the next read goes
+    ends = [TEXT.index("Latina"), TEXT.index("Il Regalo"), len(TEXT)]
+    for r, end in zip(recs, ends):
+        assert P.strip_calls("".join(s["text"] for s in r["segments"] if s["text"] != P.MEM_READ)) == TEXT[:end]
+    full = "".join(s["text"] for s in recs[0]["segments"][:1]) + "".join(
+        r["segments"][3]["text"] for r in recs)
+    assert full == TEXT
+
+
+def test_read_without_memory_falls_back_to_target_and_thresholds(doc):
+    recs = list(iter_read_examples(doc, lambda qs: [[] for _ in qs]))
+    assert [r["results"] for r in recs] == [["Tiziano Ferro"], ["Latina"], ["Il Regalo Più Grande"]]
+    # more than Q_thr results (or a memory's too_large) drops the query; a read with no query left disappears
+    many = lambda qs: [[f"e{i}" for i in range(31)] if q.relation == "performer" else None for q in qs]  # noqa: E731
+    pts = scan_read_points(doc, many)
+    assert pts == [] or all(len(r) <= 30 for p in pts for r in p.results)
+    assert pts == []
+
+
+def test_ambiguous_filter_by_pid_and_labels():
+    assert is_ambiguous("P19", target_is_subject=True) and not is_ambiguous("P19", target_is_subject=False)
+    assert is_ambiguous("P150", target_is_subject=False) and not is_ambiguous("P150", target_is_subject=True)
+    memllm = {"P150": "contains administrative territorial entities", "P19": "place of birth"}
+    f = ambiguous_label_filter(LABELS, memllm)
+    assert f(P.Query("Ohio", "contains administrative territorial entities", None))  # the plural label matches too
+    assert f(P.Query("Ohio", "contains administrative territorial entity", None))
+    assert not f(P.Query(None, "contains administrative territorial entity", "Ohio"))
+    assert f(P.Query(None, "place of birth", "Latina")) and not f(P.Query("X", "place of birth", None))
+
+
+def test_ambiguous_query_dropped_in_scan():
+    raw = {"title": "t", "sents": [["Ohio", "is", "in", "the", "United", "States", "."], ["Jo", "was", "born", "in", "Ohio", "."]],
+           "vertexSet": [[{"name": "Ohio", "sent_id": 0, "pos": [0, 1]}, {"name": "Ohio", "sent_id": 1, "pos": [4, 5]}],
+                         [{"name": "United States", "sent_id": 0, "pos": [4, 6]}], [{"name": "Jo", "sent_id": 1, "pos": [0, 1]}]],
+           "labels": [{"h": 0, "t": 1, "r": "P17"}, {"h": 2, "t": 0, "r": "P19"}]}
+    d = parse_document(raw, 0, LABELS)
+    pts = scan_read_points(d, GoldLookup().add_documents([d]))
+    # <Ohio, country, *> is kept (object query); <*, place of birth, Ohio> is Table 4's ambiguous pattern
+    assert [p.queries for p in pts] == [[P.Query("Ohio", "country", None)]]
+    assert pts[0].targets[0].text == "United States"
+    assert [len(p.queries) for p in scan_read_points(d, None, filter_ambiguous=False)] == [1, 1]
+
+
+def test_eval_record(doc):
+    rec = eval_record(doc)
+    assert rec["kind"] == "eval" and rec["text"] == TEXT
+    assert [r["pos"] for r in rec["reads"]] == [TEXT.index("Tiziano"), TEXT.index("Latina"), TEXT.index("Il Regalo")]
+    assert rec["reads"][2]["queries"] == [[None, "part of", "Alla Mia Età"], [None, "performer", "Tiziano Ferro"]]
+    t = rec["reads"][1]["targets"][0]
+    assert TEXT[t["span"][0]:t["span"][1]] == t["name"] == "Latina"
+    spans = [(m["span"], m["pronoun"]) for m in rec["entity_mentions"]]
+    assert len(spans) == 6 and ([TEXT.index("He"), TEXT.index("He") + 2], True) in spans
+    assert rec["triples"][0] == ["Alla Mia Età", "performer", "Tiziano Ferro"]
+
+
+def test_eval_offsets_follow_escaping():
+    raw = {"title": "t", "sents": [["a", "({", "b", "is", "in", "C", "."]],
+           "vertexSet": [[{"name": "b", "sent_id": 0, "pos": [2, 3]}], [{"name": "C", "sent_id": 0, "pos": [5, 6]}]],
+           "labels": [{"h": 0, "t": 1, "r": "P361"}]}
+    d = parse_document(raw, 0, LABELS)
+    rec = eval_record(d)
+    assert P.ESC in rec["text"]
+    t = rec["reads"][0]["targets"][0]
+    assert rec["text"][t["span"][0]:t["span"][1]] == "C" and rec["reads"][0]["pos"] == t["span"][0]
