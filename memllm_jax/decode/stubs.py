@@ -91,19 +91,22 @@ class CharTokenizer:
 
     pad_id, bos_id, eos_id = 0, 1, 2
 
-    def __init__(self, alphabet: str | None = None):
+    def __init__(self, alphabet: str | None = None, extra: Sequence[str] = ()):
+        """`extra`: multi-character tokens, matched (longest first) before single characters."""
         alphabet = alphabet or "".join(chr(c) for c in range(32, 127)) + protocol.ESC
         self.marker_id = {m: 3 + i for i, m in enumerate(protocol.MARKERS)}
-        self._char_id = {c: 3 + len(protocol.MARKERS) + i for i, c in enumerate(alphabet)}
+        self._pieces = tuple(protocol.MARKERS) + tuple(sorted(extra, key=len, reverse=True))
+        symbols = list(alphabet) + [e for e in extra if e not in alphabet]
+        self._char_id = {c: 3 + len(protocol.MARKERS) + i for i, c in enumerate(symbols)}
         self._id_str = {v: k for k, v in {**self.marker_id, **self._char_id}.items()}
-        self.vocab_size = 3 + len(protocol.MARKERS) + len(alphabet)
+        self.vocab_size = 3 + len(protocol.MARKERS) + len(symbols)
 
     def encode(self, text: str) -> list[int]:
         ids, i = [], 0
         while i < len(text):
-            for m in protocol.MARKERS:
+            for m in self._pieces:
                 if text.startswith(m, i):
-                    ids.append(self.marker_id[m])
+                    ids.append(self.marker_id.get(m, self._char_id.get(m)))
                     i += len(m)
                     break
             else:
