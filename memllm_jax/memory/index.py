@@ -7,7 +7,7 @@ find, never in scores or threshold decisions.
 
 `ScannIndex` = a ScaNN searcher over a base prefix of the rows + a brute-force numpy delta over the rows
 appended since. Writes during decoding land in the delta and are visible to the next read; once the delta
-outgrows `max(delta_min, delta_fraction * base)` the base is rebuilt over all rows. Small bases use ScaNN
+outgrows `max(delta_min, delta_fraction * base)` the next read rebuilds the base over all rows. Small bases use ScaNN
 brute force (exact); past `partition_threshold` rows a partitioned tree + anisotropic-hashing index with
 exact reordering. ScaNN returns top-k, so range search asks for k neighbours and doubles k for any query
 whose k-th neighbour still clears the threshold.
@@ -125,10 +125,12 @@ class ScannIndex:
         self._searcher = None
 
     def add(self, v_NxE: np.ndarray) -> np.ndarray:
-        rows = self.rows.append(v_NxE)
+        return self.rows.append(v_NxE)
+
+    def _maybe_rebuild(self) -> None:
+        """Called at read time, so a bulk load of many `add`s builds the index once, at the first read."""
         if self.rows.n - self.n_base > max(self.delta_min, self.delta_fraction * self.n_base):
             self.rebuild()
-        return rows
 
     def remove(self, rows) -> None:
         self.rows.remove(rows)
@@ -181,6 +183,7 @@ class ScannIndex:
 
     def range_search(self, q_QxE: np.ndarray, tau: float):
         q_QxE = np.ascontiguousarray(q_QxE, np.float32)
+        self._maybe_rebuild()
         parts_q, parts_r = [], []
         if self._searcher is not None and self.n_base:
             qi, rows = self._base_range(q_QxE, tau)

@@ -333,6 +333,22 @@ class TripleMemory:
                     out.append((-(sum(vals) / len(vals)), t))
             return [(self._triple(t), -neg) for neg, t in sorted(out)]
 
+    def exact_view(self) -> "TripleMemory":
+        """A read-only view answering queries by exact brute force over the same tables (the reference)."""
+        from memllm_jax.memory.index import ExactIndex
+
+        view = object.__new__(TripleMemory)
+        view.__dict__.update(self.__dict__)
+        view.config = dataclasses.replace(self.config, index="exact")
+        for attr in ("entities", "relations"):
+            table = getattr(self, attr)
+            exact = ExactIndex(self.encoder.dim)
+            exact.rows = table.index.rows
+            copy = NameTable(exact)
+            copy.names, copy.ids = table.names, table.ids
+            setattr(view, attr, copy)
+        return view
+
     def _triple(self, row: int) -> Triple:
         col = self.triples.col
         return Triple(self.entities.names[col("s")[row]], self.relations.names[col("r")[row]],

@@ -132,8 +132,6 @@ class TripleTable:
                                  np.asarray(o)[live].tolist()), rows[live].tolist()))
         self.n = need
         self.next_seq = max(self.next_seq, int(np.max(seq)) + 1) if m else self.next_seq
-        for c, adj in self.by.items():
-            adj.refresh(self.cols[c], self.n)
         return rows
 
     def remove(self, rows) -> None:
@@ -150,6 +148,7 @@ class TripleTable:
 
     def lookup(self, by: str, keys) -> tuple[np.ndarray, np.ndarray]:
         """Alive triple rows whose column `by` equals keys[pos]: returns (pos, row)."""
+        self.by[by].refresh(self.cols[by], self.n)  # lazily: a bulk load sorts once, at the first read
         pos, rows = self.by[by].lookup(np.asarray(keys, np.int64), self.cols[by], self.n)
         keep = self.alive_col[rows]
         return pos[keep], rows[keep]
