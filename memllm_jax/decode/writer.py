@@ -90,7 +90,9 @@ def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_
     rows = [list(p) for p in prompt_ids] + [[tokenizer.bos_id]] * max(0, (pad_to or B) - B)
     Bp = len(rows)
     max_len = bucket(max(len(p) for p in rows) + max_new_tokens + 1)
-    if make_cache is None:
+    if make_cache is None and hasattr(model, "make_cache"):
+        make_cache = model.make_cache
+    elif make_cache is None:
         from memllm_jax.model.mistral import init_cache
 
         make_cache = functools.partial(init_cache, model.cfg)
@@ -127,14 +129,16 @@ class WriteDocument:
     doc_id: str
     text: str
     sentences: tuple[tuple[int, int], ...]
+    first_focus: int = 0
+    """Sentences before this index are pretext only (e.g. earlier chat statements)."""
 
     @classmethod
-    def from_sentences(cls, doc_id: str, sentences: Sequence[str]) -> "WriteDocument":
+    def from_sentences(cls, doc_id: str, sentences: Sequence[str], first_focus: int = 0) -> "WriteDocument":
         spans, pos = [], 0
         for s in sentences:
             spans.append((pos, pos + len(s)))
             pos += len(s) + 1
-        return cls(str(doc_id), " ".join(sentences), tuple(spans))
+        return cls(str(doc_id), " ".join(sentences), tuple(spans), first_focus)
 
 
 def as_write_document(doc: Any, index: int = 0) -> WriteDocument:
@@ -157,6 +161,8 @@ def iter_write_prompts(doc: WriteDocument, tokenizer, pretext_sentences: int = 1
     `pretext_sentences` preceding sentences, dropped from the front until the prompt fits."""
     mem_write = tokenizer.marker_id[protocol.MEM_WRITE]
     for i, (start, end) in enumerate(doc.sentences):
+        if i < doc.first_focus:
+            continue
         first = max(0, i - pretext_sentences)
         while True:
             pre = doc.text[doc.sentences[first][0] : start] if first < i else ""

@@ -1,0 +1,65 @@
+"""`memllm generate`: continue prompts with memory reads.
+
+    memllm generate --model DIR [--memory MEMDIR] "prompt one" "prompt two" [--show-memory]
+    memllm generate --model DIR --prompts-file prompts.txt   (one prompt per line)
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("prompts", nargs="*", help="prompt texts")
+    parser.add_argument("--model", required=True, type=pathlib.Path, help="HF-format model directory")
+    parser.add_argument("--tokenizer", type=pathlib.Path, help="tokenizer (default: the model directory)")
+    parser.add_argument("--memory", type=pathlib.Path, help="memory directory (default: no memory)")
+    parser.add_argument("--prompts-file", type=pathlib.Path, help="one prompt per line")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--force-read", action="store_true", help="open a memory read right after each prompt")
+    parser.add_argument("--show-memory", action="store_true", help="print every API call, its queries and result")
+
+
+def format_result(prompt: str, res, show_memory: bool) -> str:
+    lines = [f"{prompt}{res.plain_text}"]
+    if show_memory:
+        lines.append(f"  raw: {res.text!r}  (finish: {res.finish_reason})")
+        for k, call in enumerate(res.calls):
+            queries = "; ".join(f"<{q.subject or '*'}, {q.relation}, {q.object or '*'}>" for q in call.queries)
+            status = f"removed ({call.reason})" if call.removed else "kept"
+            extra = " [repeated: answered from the earlier call]" if call.repeated else ""
+            lines.append(f"  call {k}: {call.query_text!r}")
+            lines.append(f"    queries: {queries or '-'}  errors: {'; '.join(call.errors) or '-'}")
+            lines.append(f"    result: {list(call.result)}  -> {status}{extra}")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    from memllm_jax.decode.io import NoMemory, load_model, open_memory
+    from memllm_jax.decode.reader import generate_with_memory
+    from memllm_jax.decode.sampling import SamplingConfig
+
+    prompts = list(args.prompts)
+    if args.prompts_file:
+        try:
+            prompts += [line.rstrip("\n") for line in args.prompts_file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        except OSError as exc:
+            raise SystemExit(f"{args.prompts_file}: {exc.strerror}") from exc
+    if not prompts:
+        print("memllm generate: give prompts or --prompts-file", file=sys.stderr)
+        return 2
+    model, tok = load_model(args.model, args.tokenizer)
+    memory = open_memory(args.memory, create=False) if args.memory else NoMemory()
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    results = generate_with_memory(model, tok, memory, prompts, args.max_new_tokens, sampling=sampling,
+                                   batch_size=args.batch_size, force_read=args.force_read, seed=args.seed)
+    for prompt, res in zip(prompts, results):
+        print(format_result(prompt, res, args.show_memory))
+    return 0

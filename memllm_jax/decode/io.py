@@ -1,0 +1,52 @@
+"""Loading what the decode commands need: a model with its tokenizer, and a memory directory."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Sequence
+
+
+def load_model(path: str | pathlib.Path, tokenizer: str | pathlib.Path | None = None):
+    """`(model, tokenizer)` from an HF-format Mistral directory (as written by `memllm convert` /
+    `save_hf`); the tokenizer comes from `tokenizer` or the same directory."""
+    from memllm_jax.model.hf import load_hf
+    from memllm_jax.tokenizer import load_tokenizer
+
+    path = pathlib.Path(path)
+    if not (path / "config.json").exists():
+        raise SystemExit(f"{path}: not a model directory (no config.json); convert a checkpoint with `memllm convert`")
+    tok = load_tokenizer(tokenizer or path)
+    cfg, model = load_hf(path)
+    if tok.vocab_size > cfg.vocab_size:
+        raise SystemExit(f"{tokenizer or path}: tokenizer has {tok.vocab_size} ids but the model only "
+                         f"{cfg.vocab_size} (config.json field vocab_size)")
+    return model, tok
+
+
+def open_memory(directory: str | pathlib.Path, encoder: str = "minilm", create: bool = True):
+    """Open the memory in `directory`, or (when `create`) start an empty one with `encoder`."""
+    from memllm_jax.config import MemoryConfig
+    from memllm_jax.memory import TripleMemory, load_encoder
+    from memllm_jax.memory.files import read_manifest
+
+    directory = pathlib.Path(directory)
+    if (directory / "CURRENT").exists():
+        return TripleMemory.open(directory, load_encoder(read_manifest(directory)["encoder"]))
+    if not create:
+        raise SystemExit(f"{directory}: no memory there (create one with `memllm memory create`)")
+    return TripleMemory(load_encoder(encoder), MemoryConfig(encoder=encoder))
+
+
+@dataclasses.dataclass
+class _Empty:
+    entities: list
+    too_large: bool = False
+    scores: list = dataclasses.field(default_factory=list)
+
+
+class NoMemory:
+    """Answers every query with nothing (generation without a memory directory)."""
+
+    def query(self, queries: Sequence) -> list[_Empty]:
+        return [_Empty([]) for _ in queries]

@@ -1,0 +1,160 @@
+"""`memllm memory write`: extract triples from a corpus with the memory-write model, resumably.
+
+    memllm memory write --model DIR --corpus FILE --memory MEMDIR [--batch-size 16] [--encoder minilm]
+
+Corpus formats (by content, one document per record):
+  * DocRED: a JSON array or JSONL of records with `sents` (lists of tokens) and `title`;
+  * JSONL records with `sentences` (list of strings) or `text` (split into sentences at . ! ?), and an
+    optional `id` / `title`;
+  * plain text (.txt): one document per line.
+Progress (finished document ids) is kept in MEMDIR/write_progress.json, written atomically after the
+memory is saved, so an interrupted run continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import re
+from typing import Iterator
+
+from memllm_jax.decode.writer import WriteDocument
+
+PROGRESS = "write_progress.json"
+_SENT_END = re.compile(r"(?<=[.!?])\s+")
+
+
+class CorpusError(ValueError):
+    pass
+
+
+def _doc_from_record(rec, path: pathlib.Path, k: int) -> WriteDocument:
+    where = f"{path}: record {k}"
+    if not isinstance(rec, dict):
+        raise CorpusError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    name = rec.get("id", rec.get("title", k))
+    doc_id = f"{k}:{name}"
+    if "sents" in rec:
+        from data_gen.docred import detokenize
+
+        sents = rec["sents"]
+        if not isinstance(sents, list) or not all(isinstance(s, list) and all(isinstance(t, str) for t in s) for s in sents):
+            raise CorpusError(f"{where}: field sents: expected a list of token lists")
+        text, spans, _ = detokenize(sents)
+        return WriteDocument(doc_id, text, tuple(spans))
+    if "sentences" in rec:
+        sents = rec["sentences"]
+        if not isinstance(sents, list) or not all(isinstance(s, str) for s in sents):
+            raise CorpusError(f"{where}: field sentences: expected a list of strings")
+        return WriteDocument.from_sentences(doc_id, sents)
+    if "text" in rec:
+        if not isinstance(rec["text"], str):
+            raise CorpusError(f"{where}: field text: expected a string")
+        return WriteDocument.from_sentences(doc_id, [s for s in _SENT_END.split(rec["text"].strip()) if s])
+    raise CorpusError(f"{where}: needs a field sents, sentences or text")
+
+
+def read_corpus(path: pathlib.Path) -> Iterator[WriteDocument]:
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CorpusError(f"{path}: {exc.strerror}") from exc
+    if path.suffix == ".txt":
+        for k, line in enumerate(l for l in raw.splitlines() if l.strip()):
+            yield WriteDocument.from_sentences(f"{k}:line", [s for s in _SENT_END.split(line.strip()) if s])
+        return
+    if raw.lstrip().startswith("["):
+        try:
+            records = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise CorpusError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from exc
+    else:
+        records = []
+        for n, line in enumerate(raw.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise CorpusError(f"{path}: line {n}: invalid JSON: {exc.msg}") from exc
+    for k, rec in enumerate(records):
+        yield _doc_from_record(rec, path, k)
+
+
+def _atomic_json(path: pathlib.Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, type=pathlib.Path, help="HF-format memory-write model directory")
+    parser.add_argument("--tokenizer", type=pathlib.Path)
+    parser.add_argument("--corpus", required=True, type=pathlib.Path)
+    parser.add_argument("--memory", required=True, type=pathlib.Path, help="memory directory (created if absent)")
+    parser.add_argument("--encoder", default="minilm", help="encoder of a new memory")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--pretext-sentences", type=int, default=10)
+    parser.add_argument("--no-late-stopping", action="store_true", help="greedy decoding ending at the first })")
+    parser.add_argument("--save-every", type=int, default=20, help="save memory and progress every N batches")
+    parser.add_argument("--restart", action="store_true", help="ignore earlier progress")
+
+
+def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path, *, batch_size=16,
+              max_new_tokens=128, pretext_sentences=10, late_stopping=True, save_every=20, restart=False,
+              progress_bar=True):
+    """Write `corpus` into `memory` (saved to `memory_dir`), skipping documents finished earlier."""
+    from tqdm import tqdm
+
+    from memllm_jax.decode.writer import write_corpus
+
+    progress_path = memory_dir / PROGRESS
+    done: set[str] = set()
+    if progress_path.exists() and not restart:
+        try:
+            state = json.loads(progress_path.read_text(encoding="utf-8"))
+            done = set(state["done"])
+            if state.get("corpus") != str(corpus.resolve()):
+                raise CorpusError(f"{progress_path}: field corpus: progress belongs to {state.get('corpus')}, "
+                                  f"not {corpus.resolve()} (use --restart)")
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise CorpusError(f"{progress_path}: damaged progress file ({exc})") from exc
+    docs = [d for d in read_corpus(corpus) if d.doc_id not in done]
+    bar = tqdm(total=len(docs) + len(done), initial=len(done), unit="doc", disable=not progress_bar)
+    batches = [0]
+
+    def checkpoint():
+        memory_dir.mkdir(parents=True, exist_ok=True)
+        memory.save(memory_dir)
+        _atomic_json(progress_path, {"corpus": str(corpus.resolve()), "done": sorted(done)})
+
+    def on_batch(stats, finished):
+        done.update(finished)
+        bar.update(len(finished))
+        bar.set_postfix(sentences=stats.sentences, triples=stats.triples)
+        batches[0] += 1
+        if batches[0] % save_every == 0:
+            checkpoint()
+
+    stats = write_corpus(model, tok, memory, docs, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                         pretext_sentences=pretext_sentences, late_stopping=late_stopping, on_batch=on_batch)
+    checkpoint()
+    bar.close()
+    return stats
+
+
+def main(args: argparse.Namespace) -> int:
+    from memllm_jax.decode.io import load_model, open_memory
+
+    model, tok = load_model(args.model, args.tokenizer)
+    memory = open_memory(args.memory, args.encoder)
+    try:
+        stats = run_write(model, tok, memory, args.memory, args.corpus, batch_size=args.batch_size,
+                          max_new_tokens=args.max_new_tokens, pretext_sentences=args.pretext_sentences,
+                          late_stopping=not args.no_late_stopping, save_every=args.save_every, restart=args.restart)
+    except CorpusError as exc:
+        raise SystemExit(str(exc)) from exc
+    print(json.dumps(stats.__dict__))
+    return 0

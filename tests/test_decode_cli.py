@@ -1,0 +1,99 @@
+"""The decode commands: generate (real tiny model saved in HF format + trained tokenizer), memory write
+(resumable, corpus errors), chat (statements stored, questions read, inspect / delete, persistence)."""
+
+import dataclasses
+import io
+import json
+
+import pytest
+from flax import nnx
+
+from memllm_jax import protocol
+from memllm_jax.config import TINY
+from memllm_jax.decode.stubs import CharTokenizer, PolicyModel
+from memllm_jax.memory import HashEncoder, TripleMemory
+
+from test_decode_writer import write_policy
+
+TOK = CharTokenizer()
+
+
+def test_generate_command_end_to_end(tmp_path, capsys):
+    from memllm_jax.cli import main
+    from memllm_jax.model.hf import save_hf
+    from memllm_jax.model.mistral import Mistral
+    from memllm_jax.tokenizer import train_tokenizer
+
+    texts = [protocol.escape_text("Paris is the capital of France. Rome is in Italy.")] * 20
+    tok = train_tokenizer(texts, 300, tmp_path / "m")
+    model = Mistral(dataclasses.replace(TINY, vocab_size=tok.vocab_size), rngs=nnx.Rngs(0))
+    save_hf(model, tmp_path / "m")
+    assert main(["generate", "--model", str(tmp_path / "m"), "Paris is", "({MEM_READ(x>>r>>)-->",
+                 "--max-new-tokens", "6", "--show-memory"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Paris is") and "raw:" in out and "({MEM_READ(x>>r>>)-->" in out
+
+
+def test_memory_write_is_resumable_and_names_bad_records(tmp_path):
+    from memllm_jax.decode.write_cli import CorpusError, read_corpus, run_write
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(json.dumps(r) for r in [
+        {"title": "A", "sents": [["First", "one", "."], ["Second", "."]]},
+        {"id": "b", "text": "Alpha here. Beta there!"},
+        {"id": "c", "sentences": ["Gamma."]},
+    ]) + "\n")
+    calls = []
+    policy = lambda ctx: (calls.append(1), write_policy(ctx))[1]  # noqa: E731
+    model = PolicyModel(policy, TOK.vocab_size)
+    mem = TripleMemory(HashEncoder(16))
+    stats = run_write(model, TOK, mem, tmp_path / "mem", corpus, batch_size=2, save_every=1, progress_bar=False)
+    assert stats.sentences == 5 and stats.documents == 3
+    progress = json.loads((tmp_path / "mem" / "write_progress.json").read_text())
+    assert progress["done"] == ["0:A", "1:b", "2:c"]
+    reopened = TripleMemory.open(tmp_path / "mem", HashEncoder(16))
+    assert sorted(r["source"] for r in reopened.records()) == ["0:A/0"]  # one triple, deduplicated
+    n = len(calls)
+    stats = run_write(model, TOK, reopened, tmp_path / "mem", corpus, progress_bar=False)
+    assert stats.sentences == 0 and len(calls) == n  # nothing left to do
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x", "sentences": ["ok"]}\n{"id": "y", "sentences": "no"}\n')
+    with pytest.raises(CorpusError, match=r"bad.jsonl: record 1: field sentences"):
+        list(read_corpus(bad))
+    bad.write_text('{"id": "x"\n')
+    with pytest.raises(CorpusError, match=r"bad.jsonl: line 1: invalid JSON"):
+        list(read_corpus(bad))
+
+
+def chat_policy(ctx):
+    """Questions (after '?') open a read of `Alice>>lives in>>`, then answer with the result."""
+    q = TOK.encode("?")[0]
+    if TOK.marker_id[protocol.MEM_WRITE] in ctx:
+        return write_policy(ctx)
+    if q not in ctx:
+        return [TOK.eos_id]
+    gen = ctx[ctx.index(q) + 2 :]
+    script = TOK.encode("({MEM_READ(Alice>>lives in>>)-->")
+    if gen[: len(script)] == script[: len(gen)] and len(gen) < len(script):
+        return [script[len(gen)]]
+    return [TOK.eos_id]
+
+
+def test_chat_stores_statements_answers_questions_and_persists(tmp_path):
+    from memllm_jax.decode.chat_cli import chat_session
+
+    mem = TripleMemory(HashEncoder(16))
+    mem.add([protocol.Triple("Alice", "lives in", "Paris")], source="seed")
+    model = PolicyModel(chat_policy, TOK.vocab_size)
+    saved = []
+    out = io.StringIO()
+    lines = ["Alice moved to Paris.", "Where does Alice live?", "/show a", "/list", "/delete a>>r>>b", "/show a"]
+    chat_session(model, model, TOK, mem, lines, out, save=lambda: (saved.append(1), mem.save(tmp_path / "m")),
+                 show_memory=True)
+    text = out.getvalue()
+    assert "stored a>>r>>b" in text
+    assert "result: ['Paris']  -> kept" in text
+    assert text.count("a>>r>>b") >= 3 and "deleted 1 triple(s)" in text and "nothing about 'a'" in text
+    reopened = TripleMemory.open(tmp_path / "m", HashEncoder(16))
+    assert [r["subject"] for r in reopened.records()] == ["Alice"] and len(saved) == 2
