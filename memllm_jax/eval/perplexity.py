@@ -1,0 +1,234 @@
+"""Table 2: OVERALL / TARGET / ENTITY perplexity with memory reads (paper §4.2), batched across documents.
+
+One forward scores a document without any read. Each read then costs one forward over
+BOS + text before the read + the read call and its result + the text from the read position on (up to the
+next gold read when positions are gold). With model-chosen positions the next read is the first later
+position whose most likely token (in the current path context) is `({MEM_READ(`; documents advance in
+rounds, each round one forward per document that still reads, batched. Token probabilities are then
+combined with the paper's mixture (see `mixture.py` for exactly which context each token is scored in).
+
+A read's call is `({MEM_READ(` + queries + `)-->`; its result is the merged entities of every query whose
+result set is neither empty nor too large, then `})`. A read whose result is empty is removed (paper §3.2),
+so its branch is the text context alone. When a new read starts, the previous one is removed first, so a
+read's queries are generated from the text alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from memllm_jax import protocol
+from memllm_jax.eval.mixture import SpanNLL, corpus_perplexities, mix_logprobs, span_nll
+from memllm_jax.eval.records import EncodedDoc
+from memllm_jax.eval.scoring import GreedyGenerator, Scorer
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadSetting:
+    """How memory reads are made for one Table 2 row."""
+
+    positions: str = "model"
+    """"none" (no reads: baselines), "model" (where the model's argmax is the read token) or "gold"."""
+    queries: str = "model"
+    """"model" (generated greedily after the read token) or "gold"."""
+    results: str = "memory"
+    """"memory", "memory+gold" (the gold target appended when missing, ⑧) or "gold_only" (⑨)."""
+    read_threshold: float | None = None
+    """With model positions: read where p(MR) >= this instead of where MR is the argmax."""
+    max_reads: int = 64
+    """Most reads per document with model positions (a guard against a model that reads everywhere)."""
+    max_query_tokens: int = 64
+    """Most generated tokens for one read call's queries."""
+
+
+@dataclasses.dataclass
+class _DocState:
+    enc: EncodedDoc
+    logp_path: np.ndarray
+    logp_mr: np.ndarray
+    logp_read: np.ndarray
+    read: np.ndarray
+    cursor: int = 0
+    n_reads: int = 0
+    n_nonempty: int = 0
+    n_target_hit: int = 0
+    active: bool = True
+    forward: Any = None
+    forward_shift: int = 0
+
+
+@dataclasses.dataclass
+class _Read:
+    state: _DocState
+    pos: int
+    gold: Any  # GoldRead or None
+    queries: tuple = ()
+    call_ids: list = dataclasses.field(default_factory=list)
+    result_ids: list = dataclasses.field(default_factory=list)
+    end: int = 0
+
+
+@dataclasses.dataclass
+class PerplexityResult:
+    ppl: dict[str, float]
+    nll: SpanNLL
+    stats: dict[str, float]
+    per_doc: list[dict]
+
+    def to_json(self) -> dict:
+        return {"ppl": self.ppl, "nll": self.nll.nll, "count": self.nll.count, "stats": self.stats}
+
+
+def _merge_results(results: Sequence[Any]) -> list[str]:
+    seen: dict[str, None] = {}
+    for r in results:
+        if not r.too_large:
+            for e in r.entities:
+                seen.setdefault(e, None)
+    return list(seen)
+
+
+def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory: Any, setting: ReadSetting,
+                        *, batch_size: int = 8, progress: Callable[[str], None] | None = None) -> PerplexityResult:
+    """Perplexities of `model` on `docs` with reads answered by `memory` (a TripleMemory, or None)."""
+    mr_id = tok.marker_id[protocol.MEM_READ]
+    read_end_id = tok.marker_id[protocol.READ_END]
+    scorer = Scorer(model, mr_id, batch_size=batch_size, pad_id=tok.pad_id)
+    generator = None
+    if setting.positions != "none" and setting.queries == "model":
+        generator = GreedyGenerator(model, batch_size=batch_size, pad_id=tok.pad_id)
+
+    states = []
+    plain = scorer.score([[tok.bos_id] + e.ids for e in docs])
+    for e, f in zip(docs, plain):
+        T = len(e.ids)
+        states.append(_DocState(e, f.lp_next[:T].copy(), f.lp_mr[:T].copy(), np.zeros(T), np.zeros(T, bool),
+                                forward=f, forward_shift=0))
+    plain_by_id = {id(s): f for s, f in zip(states, plain)}
+    if setting.positions == "none":
+        for s in states:
+            s.active = False
+
+    round_no = 0
+    while any(s.active for s in states):
+        round_no += 1
+        reads: list[_Read] = []
+        for s in states:
+            if not s.active:
+                continue
+            new = _next_reads(s, setting, mr_id)
+            if not new:
+                s.active = False
+            reads += new
+        if not reads:
+            break
+        # Queries.
+        need_gen = [r for r in reads if setting.queries == "model"]
+        if need_gen:
+            prefixes = [[tok.bos_id] + r.state.enc.ids[:r.pos] + [mr_id] for r in need_gen]
+            outs = generator.generate(prefixes, [read_end_id, tok.eos_id], setting.max_query_tokens)
+            for r, out in zip(need_gen, outs):
+                if out and out[-1] == read_end_id:
+                    parsed = protocol.parse_queries(tok.decode(out[:-1]))
+                    r.queries = tuple(parsed.items)
+                    r.call_ids = [mr_id] + out
+        for r in reads:
+            if setting.queries == "gold":
+                r.queries = tuple(r.gold.queries) if r.gold is not None else ()
+                r.call_ids = list(tok.encode(protocol.format_read_call(r.queries))) if r.queries else []
+        # Results: one batched memory query for the round.
+        flat = [(r, q) for r in reads for q in r.queries] if setting.results != "gold_only" else []
+        answers = memory.query([q for _, q in flat]) if (flat and memory is not None) else []
+        per_read: dict[int, list] = {}
+        for (r, _), a in zip(flat, answers):
+            per_read.setdefault(id(r), []).append(a)
+        for r in reads:
+            entities = _merge_results(per_read.get(id(r), []))
+            target = r.gold.target if r.gold is not None else None
+            if setting.results == "gold_only" and target is not None:
+                entities = [target]
+            elif setting.results == "memory+gold" and target is not None and target not in entities:
+                entities = entities + [target]
+            r.state.n_reads += 1
+            if target is not None and target in entities:
+                r.state.n_target_hit += 1
+            if entities and r.call_ids:
+                r.state.n_nonempty += 1
+                r.result_ids = list(tok.encode(protocol.format_read_result(entities)))
+            else:
+                r.call_ids, r.result_ids = [], []  # removed read: the text context alone
+        # One forward per read (reads returning nothing reuse the plain forward).
+        to_score = [r for r in reads if r.call_ids]
+        seqs = [[tok.bos_id] + r.state.enc.ids[:r.pos] + r.call_ids + r.result_ids + r.state.enc.ids[r.pos:r.end + 1]
+                for r in to_score]
+        scored = dict(zip(map(id, to_score), scorer.score(seqs))) if seqs else {}
+        for r in sorted(reads, key=lambda r: r.pos):
+            s = r.state
+            if id(r) in scored:
+                f, shift = scored[id(r)], len(r.call_ids) + len(r.result_ids)
+            else:
+                f, shift = plain_by_id[id(s)], 0
+            # This read's context covers tokens pos+1 .. end (inclusive: at the next read position `end` it is
+            # the no-read branch and gives p(MR)); the read position itself is the read branch.
+            lo, hi = r.pos, min(r.end + 1, len(s.enc.ids))
+            s.read[lo] = True
+            s.logp_read[lo] = f.lp_next[lo + shift]
+            s.logp_path[lo + 1:hi] = f.lp_next[lo + 1 + shift:hi + shift]
+            s.logp_mr[lo + 1:hi] = f.lp_mr[lo + 1 + shift:hi + shift]
+            s.forward, s.forward_shift, s.cursor = f, shift, lo + 1
+        if progress:
+            progress(f"  round {round_no}: {len(reads)} reads, {len(to_score)} with results")
+
+    per_doc, nlls = [], []
+    for s in states:
+        logp = mix_logprobs(s.logp_path, s.logp_read, s.logp_mr, s.read)
+        d = span_nll(logp, s.enc.masks)
+        nlls.append(d)
+        per_doc.append({"doc": s.enc.doc.doc_id, "reads": s.n_reads, "nonempty": s.n_nonempty,
+                        "target_hits": s.n_target_hit, "ppl": d.perplexities()})
+    total = SpanNLL()
+    for d in nlls:
+        total.add(d)
+    n_reads = sum(s.n_reads for s in states)
+    stats = {"documents": len(states), "reads": n_reads,
+             "reads_with_results": sum(s.n_nonempty for s in states),
+             "target_in_results": sum(s.n_target_hit for s in states),
+             "gold_reads": sum(len(s.enc.read_tokens) for s in states),
+             "tokens": total.count.get("overall", 0)}
+    return PerplexityResult(corpus_perplexities(nlls), total, stats, per_doc)
+
+
+def _next_reads(s: _DocState, setting: ReadSetting, mr_id: int) -> list[_Read]:
+    """The reads a document makes this round: all gold reads at once, or the next model-chosen one."""
+    T = len(s.enc.ids)
+    if setting.positions == "gold":
+        if s.n_reads:
+            return []
+        golds = sorted({p: g for p, g in zip(s.enc.read_tokens, s.enc.doc.reads) if p < T}.items())
+        out = []
+        for k, (p, g) in enumerate(golds):
+            end = golds[k + 1][0] if k + 1 < len(golds) else T
+            out.append(_Read(s, p, g, end=end))
+        return out
+    if s.n_reads >= setting.max_reads or s.cursor >= T:
+        return []
+    f, shift = s.forward, s.forward_shift
+    lo = s.cursor
+    if setting.read_threshold is None:
+        hits = np.nonzero(f.argmax[lo + shift:T + shift] == mr_id)[0]
+    else:
+        hits = np.nonzero(f.lp_mr[lo + shift:T + shift] >= np.log(setting.read_threshold))[0]
+    if not len(hits):
+        return []
+    pos = lo + int(hits[0])
+    gold = None
+    for p, g in zip(s.enc.read_tokens, s.enc.doc.reads):
+        if p == pos:
+            gold = g
+    return [_Read(s, pos, gold, end=T)]

@@ -1,0 +1,194 @@
+"""Evaluation documents for Table 2 and their tokenization with character offsets.
+
+An `EvalDoc` is one document: its plain text, every entity mention span, the gold memory reads (character
+position of the read, gold queries, gold target entity and the target mention's span) and the document's
+gold triples. `load_eval_docs` reads the JSONL `kind: "eval"` records described in docs/data.md.
+
+Tokenization: the text is split at the gold read positions and each piece is escaped and tokenized
+separately (as the memory-read training examples split pretext and posttext), so every row of Table 2
+scores exactly the same token sequence and gold reads fall on token boundaries. Mention spans are mapped
+to tokens through character offsets: a token belongs to a span when their character ranges overlap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any, Sequence
+
+import numpy as np
+
+from memllm_jax import protocol
+from memllm_jax.eval.mixture import char_spans_to_token_mask
+
+
+@dataclasses.dataclass(frozen=True)
+class GoldRead:
+    char_pos: int
+    """Character offset in `text` where the read is placed (immediately before the target mention)."""
+    queries: tuple[protocol.Query, ...]
+    target: str
+    """The target entity's name (what ⑧ / ⑨ put into the result)."""
+    target_span: tuple[int, int]
+    """Character span [start, end) of the target mention."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalDoc:
+    doc_id: str
+    text: str
+    entity_spans: tuple[tuple[int, int], ...]
+    reads: tuple[GoldRead, ...]
+    triples: tuple[protocol.Triple, ...]
+
+
+def _query(obj: Any, where: str) -> protocol.Query:
+    if isinstance(obj, str):
+        parsed = protocol.parse_queries(obj)
+        if not parsed.ok or len(parsed.items) != 1:
+            raise ValueError(f"{where}: cannot parse query {obj!r}: {parsed.errors}")
+        return parsed.items[0]
+    if isinstance(obj, dict):
+        return protocol.Query(obj.get("subject") or None, obj["relation"], obj.get("object") or None)
+    s, r, o = obj
+    return protocol.Query(s or None, r, o or None)
+
+
+def _triple(obj: Any) -> protocol.Triple:
+    if isinstance(obj, dict):
+        return protocol.Triple(obj["subject"], obj["relation"], obj["object"])
+    return protocol.Triple(*obj)
+
+
+def _span(obj: Any) -> tuple[int, int]:
+    if isinstance(obj, dict):
+        return int(obj["start"]), int(obj["end"])
+    return int(obj[0]), int(obj[1])
+
+
+def doc_from_record(rec: dict, where: str = "record") -> EvalDoc:
+    """Build an EvalDoc from one eval record (see docs/data.md); errors name the record and field."""
+    try:
+        text = rec["text"]
+        reads = []
+        for k, r in enumerate(rec.get("reads", [])):
+            pos = int(r.get("char_pos", r.get("pos", r.get("start"))))
+            span = _span(r["target_span"]) if "target_span" in r else (pos, pos + len(r["target"]))
+            reads.append(GoldRead(pos, tuple(_query(q, f"{where} reads[{k}]") for q in r["queries"]), r["target"], span))
+        mentions = rec.get("entity_spans", rec.get("mentions", rec.get("entities", [])))
+        return EvalDoc(str(rec.get("doc", rec.get("doc_id", where))), text, tuple(_span(m) for m in mentions),
+                       tuple(sorted(reads, key=lambda r: r.char_pos)), tuple(_triple(t) for t in rec.get("triples", [])))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: bad eval record field: {exc!r}") from exc
+
+
+def load_eval_docs(path: str | pathlib.Path, limit: int | None = None) -> list[EvalDoc]:
+    path = pathlib.Path(path)
+    docs = []
+    with path.open() as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{n}: not JSON: {exc}") from exc
+            if rec.get("kind", "eval") != "eval":
+                continue
+            docs.append(doc_from_record(rec, f"{path}:{n}"))
+            if limit is not None and len(docs) >= limit:
+                break
+    return docs
+
+
+def _escaped_index_map(raw: str) -> tuple[str, list[int]]:
+    """escape_text(raw) and, for each escaped character, the raw index it comes from."""
+    esc = protocol.escape_text(raw)
+    mapping, i = [], 0
+    for ch in esc:
+        if ch == protocol.ESC and (i >= len(raw) or raw[i] != protocol.ESC):
+            mapping.append(i)  # inserted escape: belongs to the next raw character
+            continue
+        mapping.append(i)
+        i += 1
+    return esc, mapping
+
+
+def encode_with_offsets(tok: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids of the escaped `text` and each token's character range in the raw `text`."""
+    esc, mapping = _escaped_index_map(text)
+    ids = list(tok.encode(esc)) if esc else []
+    hf = _hf_tokenizer(tok)
+    if hf is not None and esc:
+        enc = hf.encode(esc, add_special_tokens=False)
+        if list(enc.ids) == ids:
+            return ids, [(mapping[s] if s < len(esc) else len(text), mapping[e - 1] + 1 if e > 0 else 0)
+                         for s, e in enc.offsets]
+    ends_esc, prev = [], 0
+    for k in range(1, len(ids) + 1):  # decoded prefix lengths (byte-level pieces may straddle characters)
+        n = max(prev, min(len(protocol.escape_text(protocol.unescape_text(tok.decode(ids[:k])))), len(esc)))
+        ends_esc.append(n)
+        prev = n
+    if ids:
+        ends_esc[-1] = len(esc)
+    offsets, start = [], 0
+    for e in ends_esc:
+        raw_s = mapping[start] if start < len(esc) else len(text)
+        raw_e = mapping[e - 1] + 1 if e > 0 else 0
+        offsets.append((raw_s, max(raw_s, raw_e)))
+        start = e
+    return ids, offsets
+
+
+def _hf_tokenizer(tok: Any) -> Any:
+    """The `tokenizers.Tokenizer` inside a tokenizer wrapper, if there is one (it knows exact offsets)."""
+    try:
+        import tokenizers
+    except ImportError:  # pragma: no cover
+        return None
+    if isinstance(tok, tokenizers.Tokenizer):
+        return tok
+    for value in vars(tok).values() if hasattr(tok, "__dict__") else ():
+        if isinstance(value, tokenizers.Tokenizer):
+            return value
+        inner = getattr(value, "_tokenizer", None)
+        if isinstance(inner, tokenizers.Tokenizer):
+            return inner
+    return None
+
+
+@dataclasses.dataclass
+class EncodedDoc:
+    doc: EvalDoc
+    ids: list[int]
+    offsets: list[tuple[int, int]]
+    read_tokens: list[int]
+    """Token index of each gold read (same order as doc.reads)."""
+    masks: dict[str, np.ndarray]
+    """overall / target / entity boolean masks over the text tokens."""
+
+
+def encode_document(tok: Any, doc: EvalDoc) -> EncodedDoc:
+    cuts = sorted({r.char_pos for r in doc.reads if 0 < r.char_pos < len(doc.text)})
+    bounds = [0, *cuts, len(doc.text)]
+    ids: list[int] = []
+    offsets: list[tuple[int, int]] = []
+    piece_start_token: dict[int, int] = {}
+    for a, b in zip(bounds, bounds[1:]):
+        piece_start_token[a] = len(ids)
+        p_ids, p_off = encode_with_offsets(tok, doc.text[a:b])
+        ids += p_ids
+        offsets += [(s + a, e + a) for s, e in p_off]
+    piece_start_token[len(doc.text)] = len(ids)
+    read_tokens = [piece_start_token.get(r.char_pos, 0 if r.char_pos <= 0 else len(ids)) for r in doc.reads]
+    masks = {
+        "overall": np.ones(len(ids), bool),
+        "target": char_spans_to_token_mask(offsets, [r.target_span for r in doc.reads]),
+        "entity": char_spans_to_token_mask(offsets, doc.entity_spans),
+    }
+    return EncodedDoc(doc, ids, offsets, read_tokens, masks)
+
+
+def encode_documents(tok: Any, docs: Sequence[EvalDoc]) -> list[EncodedDoc]:
+    return [encode_document(tok, d) for d in docs]

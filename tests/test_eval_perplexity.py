@@ -1,0 +1,114 @@
+"""Batched Table 2 evaluation against a direct token-by-token computation with the same model."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from memllm_jax import protocol
+from memllm_jax.config import TINY
+from memllm_jax.eval.mixture import char_spans_to_token_mask
+from memllm_jax.eval.perplexity import ReadSetting, evaluate_perplexity
+from memllm_jax.eval.records import EvalDoc, GoldRead, doc_from_record, encode_document
+from memllm_jax.model.mistral import Mistral
+from tests.eval_fakes import CharTokenizer
+
+CFG = dataclasses.replace(TINY, vocab_size=128, max_seq_len=256)
+
+
+def _docs():
+    t1 = "Ann was born in Paris. Ann works at Acme."
+    t2 = "Bob lives in Rome."
+    q = protocol.Query
+    d1 = EvalDoc("d1", t1, ((0, 3), (16, 21), (23, 26), (36, 40)),
+                 (GoldRead(16, (q("Ann", "place of birth", None),), "Paris", (16, 21)),
+                  GoldRead(36, (q("Ann", "employer", None),), "Acme", (36, 40))), ())
+    d2 = EvalDoc("d2", t2, ((0, 3), (13, 17)), (GoldRead(13, (q("Bob", "residence", None),), "Rome", (13, 17)),), ())
+    return [d1, d2]
+
+
+@nnx.jit
+def _last_logp(model, tokens, n):
+    logits, _ = model(tokens, jax.numpy.arange(tokens.shape[1])[None])
+    return jax.nn.log_softmax(logits[0, n - 1])
+
+
+def _logp(model, seq):
+    """log p(next | seq), one unpadded sequence at a time (padded to 128 only for compile reuse; causal)."""
+    tokens = np.zeros((1, 128), np.int32)
+    tokens[0, :len(seq)] = seq
+    return np.asarray(_last_logp(model, jax.numpy.asarray(tokens), len(seq)), np.float64)
+
+
+def test_gold_reads_match_direct_computation():
+    tok = CharTokenizer()
+    model = Mistral(CFG, rngs=nnx.Rngs(0))
+    docs = [encode_document(tok, d) for d in _docs()]
+    setting = ReadSetting(positions="gold", queries="gold", results="gold_only")
+    res = evaluate_perplexity(model, tok, docs, None, setting, batch_size=2)
+    mr = tok.marker_id[protocol.MEM_READ]
+    nll = {"overall": 0.0, "target": 0.0, "entity": 0.0}
+    count = dict.fromkeys(nll, 0)
+    for e in docs:
+        ids = e.ids
+        reads = {p: tok.encode(protocol.format_read_call(g.queries)) + tok.encode(protocol.format_read_result([g.target]))
+                 for p, g in zip(e.read_tokens, e.doc.reads)}
+        for j in range(len(ids)):
+            before = [p for p in reads if p < j]
+            if before:
+                p = max(before)
+                ctx = [tok.bos_id] + ids[:p] + reads[p] + ids[p:j]
+            else:
+                ctx = [tok.bos_id] + ids[:j]
+            lp = _logp(model, ctx)
+            if j in reads:
+                lp_read = _logp(model, [tok.bos_id] + ids[:j] + reads[j])[ids[j]]
+                pm = np.exp(lp[mr])
+                logp = np.log(np.exp(lp_read) * pm + np.exp(lp[ids[j]]) * (1 - pm))
+            else:
+                logp = lp[ids[j]]
+            for k in nll:
+                if e.masks[k][j]:
+                    nll[k] -= logp
+                    count[k] += 1
+    for k in nll:
+        assert res.ppl[k] == pytest.approx(np.exp(nll[k] / count[k]), rel=1e-4), k
+    assert res.stats["reads"] == 3 and res.stats["target_in_results"] == 3
+
+
+def test_no_reads_is_plain_perplexity_and_reads_change_it():
+    tok = CharTokenizer()
+    model = Mistral(CFG, rngs=nnx.Rngs(1))
+    docs = [encode_document(tok, d) for d in _docs()]
+    res = evaluate_perplexity(model, tok, docs, None, ReadSetting(positions="none"), batch_size=4)
+    nll, n = 0.0, 0
+    for e in docs:
+        for j in range(len(e.ids)):
+            nll -= _logp(model, [tok.bos_id] + e.ids[:j])[e.ids[j]]
+            n += 1
+    assert res.ppl["overall"] == pytest.approx(np.exp(nll / n), rel=1e-4)
+    assert res.stats["reads"] == 0
+    gold = evaluate_perplexity(model, tok, docs, None, ReadSetting("gold", "gold", "gold_only"), batch_size=4)
+    assert gold.ppl["target"] != pytest.approx(res.ppl["target"], rel=1e-6)
+
+
+def test_encoding_offsets_and_masks():
+    tok = CharTokenizer()
+    d = _docs()[0]
+    e = encode_document(tok, d)
+    assert tok.decode(e.ids) == d.text
+    assert e.read_tokens == [16, 36]
+    assert e.masks["target"].sum() == len("Paris") + len("Acme")
+    assert e.masks["entity"].tolist() == char_spans_to_token_mask(e.offsets, d.entity_spans).tolist()
+    # Marker-like text is escaped: offsets still point into the raw text.
+    d2 = EvalDoc("x", "a ({b}) c", ((8, 9),), (), ())
+    e2 = encode_document(tok, d2)
+    assert all(t not in tok.marker_id.values() for t in e2.ids)
+    assert [e2.offsets[i] for i in np.nonzero(e2.masks["entity"])[0]] == [(8, 9)]
+
+
+def test_bad_record_names_the_field():
+    with pytest.raises(ValueError, match="rec7"):
+        doc_from_record({"text": "x", "reads": [{"char_pos": 0}]}, "rec7")
