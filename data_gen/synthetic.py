@@ -63,6 +63,11 @@ FOLLOW_UPS: list[str] = [
     "{X} lies in {X.P17} .", "{X} is the capital of {X.P1376} .", "{X} was born in {X.P19} .",
     "{X} was released in {X.P577} .",
 ]
+FILLERS: list[str] = [
+    "{S} was widely discussed at the time .", "Little else is recorded about {S} .", "Opinions about {S} differ .",
+    "The details are given in several later accounts .", "{S's} story is told in many ways .",
+]
+"""Sentences without relations, so write examples also teach the empty call."""
 OCCUPATIONS = "writer musician politician engineer scientist painter lawyer architect".split()
 PRONOUNS = {"m": ("He", "His"), "f": ("She", "Her"), "n": ("It", "Its")}
 _SLOT = re.compile(r"\{([^}]+)\}")
@@ -196,6 +201,8 @@ def generate_document(world: World, index: int, style: str = "docred") -> dict:
         if len(b.sents) > want:
             break
         b.sentence(t, rng, True)
+        if rng.random() < .12:
+            b.sentence(rng.choice(FILLERS), rng, True)
         if rng.random() < .3:
             others = [k for k, ms in b.mentions.items() if k != focus.key and world.ents[k].type in ("ORG", "LOC", "PER", "MISC")]
             if others:
