@@ -23,9 +23,9 @@ def _docs():
     t2 = "Bob lives in Rome."
     q = protocol.Query
     d1 = EvalDoc("d1", t1, ((0, 3), (16, 21), (23, 26), (36, 40)),
-                 (GoldRead(16, (q("Ann", "place of birth", None),), "Paris", (16, 21)),
-                  GoldRead(36, (q("Ann", "employer", None),), "Acme", (36, 40))), ())
-    d2 = EvalDoc("d2", t2, ((0, 3), (13, 17)), (GoldRead(13, (q("Bob", "residence", None),), "Rome", (13, 17)),), ())
+                 (GoldRead(16, (q("Ann", "place of birth", None),), ("Paris",), ((16, 21),)),
+                  GoldRead(36, (q("Ann", "employer", None),), ("Acme",), ((36, 40),))), ())
+    d2 = EvalDoc("d2", t2, ((0, 3), (13, 17)), (GoldRead(13, (q("Bob", "residence", None),), ("Rome",), ((13, 17),)),), ())
     return [d1, d2]
 
 
@@ -53,7 +53,7 @@ def test_gold_reads_match_direct_computation():
     count = dict.fromkeys(nll, 0)
     for e in docs:
         ids = e.ids
-        reads = {p: tok.encode(protocol.format_read_call(g.queries)) + tok.encode(protocol.format_read_result([g.target]))
+        reads = {p: tok.encode(protocol.format_read_call(g.queries)) + tok.encode(protocol.format_read_result(list(g.targets)))
                  for p, g in zip(e.read_tokens, e.doc.reads)}
         for j in range(len(ids)):
             before = [p for p in reads if p < j]
@@ -103,12 +103,29 @@ def test_encoding_offsets_and_masks():
     assert e.masks["target"].sum() == len("Paris") + len("Acme")
     assert e.masks["entity"].tolist() == char_spans_to_token_mask(e.offsets, d.entity_spans).tolist()
     # Marker-like text is escaped: offsets still point into the raw text.
-    d2 = EvalDoc("x", "a ({b}) c", ((8, 9),), (), ())
+    raw = "a ({b}) c"
+    text = protocol.escape_text(raw)
+    d2 = EvalDoc("x", text, ((len(text) - 1, len(text)),), (), ())
     e2 = encode_document(tok, d2)
     assert all(t not in tok.marker_id.values() for t in e2.ids)
-    assert [e2.offsets[i] for i in np.nonzero(e2.masks["entity"])[0]] == [(8, 9)]
+    assert [e2.offsets[i] for i in np.nonzero(e2.masks["entity"])[0]] == [(len(text) - 1, len(text))]
 
 
 def test_bad_record_names_the_field():
-    with pytest.raises(ValueError, match="rec7"):
-        doc_from_record({"text": "x", "reads": [{"char_pos": 0}]}, "rec7")
+    with pytest.raises(ValueError, match=r"rec7.*reads\[0\]"):
+        doc_from_record({"text": "x", "reads": [{"pos": 0}]}, "rec7")
+
+
+def test_real_eval_records_from_data_gen():
+    """Records built by data_gen from a synthetic document load, tokenize and align."""
+    from data_gen import synthetic
+    from data_gen.docred import parse_document
+    from data_gen.eval_examples import eval_record
+    raw = next(iter(synthetic.iter_synthetic(1, seed=3)))
+    rec = eval_record(parse_document(raw, 0, synthetic.synthetic_rel_info(), "synthetic"))
+    d = doc_from_record(rec, "synthetic")
+    tok = CharTokenizer()
+    e = encode_document(tok, d)
+    assert e.masks["target"].sum() > 0 and e.masks["entity"].sum() >= e.masks["target"].sum()
+    for r, t in zip(d.reads, e.read_tokens):
+        assert e.offsets[t][0] == r.char_pos

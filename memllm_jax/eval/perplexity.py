@@ -150,13 +150,13 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
             per_read.setdefault(id(r), []).append(a)
         for r in reads:
             entities = _merge_results(per_read.get(id(r), []))
-            target = r.gold.target if r.gold is not None else None
-            if setting.results == "gold_only" and target is not None:
-                entities = [target]
-            elif setting.results == "memory+gold" and target is not None and target not in entities:
-                entities = entities + [target]
+            targets = list(r.gold.targets) if r.gold is not None else []
+            if setting.results == "gold_only" and targets:
+                entities = targets
+            elif setting.results == "memory+gold":
+                entities = entities + [t for t in targets if t not in entities]
             r.state.n_reads += 1
-            if target is not None and target in entities:
+            if targets and any(t in entities for t in targets):
                 r.state.n_target_hit += 1
             if entities and r.call_ids:
                 r.state.n_nonempty += 1

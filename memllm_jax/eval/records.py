@@ -4,7 +4,7 @@ An `EvalDoc` is one document: its plain text, every entity mention span, the gol
 position of the read, gold queries, gold target entity and the target mention's span) and the document's
 gold triples. `load_eval_docs` reads the JSONL `kind: "eval"` records described in docs/data.md.
 
-Tokenization: the text is split at the gold read positions and each piece is escaped and tokenized
+Tokenization: the (escaped) text is split at the gold read positions and each piece is tokenized
 separately (as the memory-read training examples split pretext and posttext), so every row of Table 2
 scores exactly the same token sequence and gold reads fall on token boundaries. Mention spans are mapped
 to tokens through character offsets: a token belongs to a span when their character ranges overlap.
@@ -28,17 +28,19 @@ class GoldRead:
     char_pos: int
     """Character offset in `text` where the read is placed (immediately before the target mention)."""
     queries: tuple[protocol.Query, ...]
-    target: str
-    """The target entity's name (what ⑧ / ⑨ put into the result)."""
-    target_span: tuple[int, int]
-    """Character span [start, end) of the target mention."""
+    targets: tuple[str, ...]
+    """The target entities' names as mentioned (what ⑧ / ⑨ put into the result)."""
+    target_spans: tuple[tuple[int, int], ...]
+    """Character spans [start, end) of the target mentions."""
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalDoc:
     doc_id: str
     text: str
+    """The document text, already escaped with `protocol.escape_text`; every offset indexes this string."""
     entity_spans: tuple[tuple[int, int], ...]
+    """Named entity mentions (pronoun mentions are not entities for ENTITY PPL)."""
     reads: tuple[GoldRead, ...]
     triples: tuple[protocol.Triple, ...]
 
@@ -63,24 +65,33 @@ def _triple(obj: Any) -> protocol.Triple:
 
 def _span(obj: Any) -> tuple[int, int]:
     if isinstance(obj, dict):
-        return int(obj["start"]), int(obj["end"])
+        obj = obj.get("span", obj)
+        if isinstance(obj, dict):
+            return int(obj["start"]), int(obj["end"])
     return int(obj[0]), int(obj[1])
 
 
 def doc_from_record(rec: dict, where: str = "record") -> EvalDoc:
-    """Build an EvalDoc from one eval record (see docs/data.md); errors name the record and field."""
+    """Build an EvalDoc from one `kind: "eval"` record (docs/data.md); errors name the record and field."""
+    field = "text"
     try:
         text = rec["text"]
+        if not isinstance(text, str):
+            raise TypeError("text must be a string")
         reads = []
         for k, r in enumerate(rec.get("reads", [])):
-            pos = int(r.get("char_pos", r.get("pos", r.get("start"))))
-            span = _span(r["target_span"]) if "target_span" in r else (pos, pos + len(r["target"]))
-            reads.append(GoldRead(pos, tuple(_query(q, f"{where} reads[{k}]") for q in r["queries"]), r["target"], span))
-        mentions = rec.get("entity_spans", rec.get("mentions", rec.get("entities", [])))
-        return EvalDoc(str(rec.get("doc", rec.get("doc_id", where))), text, tuple(_span(m) for m in mentions),
-                       tuple(sorted(reads, key=lambda r: r.char_pos)), tuple(_triple(t) for t in rec.get("triples", [])))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: bad eval record field: {exc!r}") from exc
+            field = f"reads[{k}]"
+            targets = r["targets"]
+            reads.append(GoldRead(int(r["pos"]), tuple(_query(q, f"{where} {field}.queries") for q in r["queries"]),
+                                  tuple(t["name"] for t in targets), tuple(_span(t["span"]) for t in targets)))
+        field = "entity_mentions"
+        mentions = [m for m in rec.get("entity_mentions", []) if not m.get("pronoun", False)]
+        field = "triples"
+        triples = tuple(_triple(t) for t in rec.get("triples", []))
+        return EvalDoc(str(rec.get("doc", where)), text, tuple(_span(m) for m in mentions),
+                       tuple(sorted(reads, key=lambda r: r.char_pos)), triples)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise ValueError(f"{where}: bad eval record field {field!r}: {exc!r}") from exc
 
 
 def load_eval_docs(path: str | pathlib.Path, limit: int | None = None) -> list[EvalDoc]:
@@ -102,41 +113,24 @@ def load_eval_docs(path: str | pathlib.Path, limit: int | None = None) -> list[E
     return docs
 
 
-def _escaped_index_map(raw: str) -> tuple[str, list[int]]:
-    """escape_text(raw) and, for each escaped character, the raw index it comes from."""
-    esc = protocol.escape_text(raw)
-    mapping, i = [], 0
-    for ch in esc:
-        if ch == protocol.ESC and (i >= len(raw) or raw[i] != protocol.ESC):
-            mapping.append(i)  # inserted escape: belongs to the next raw character
-            continue
-        mapping.append(i)
-        i += 1
-    return esc, mapping
-
-
 def encode_with_offsets(tok: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-    """Token ids of the escaped `text` and each token's character range in the raw `text`."""
-    esc, mapping = _escaped_index_map(text)
-    ids = list(tok.encode(esc)) if esc else []
+    """Token ids of (already escaped) `text` and each token's character range [start, end) in it."""
+    ids = list(tok.encode(text)) if text else []
     hf = _hf_tokenizer(tok)
-    if hf is not None and esc:
-        enc = hf.encode(esc, add_special_tokens=False)
+    if hf is not None and text:
+        enc = hf.encode(text, add_special_tokens=False)
         if list(enc.ids) == ids:
-            return ids, [(mapping[s] if s < len(esc) else len(text), mapping[e - 1] + 1 if e > 0 else 0)
-                         for s, e in enc.offsets]
-    ends_esc, prev = [], 0
-    for k in range(1, len(ids) + 1):  # decoded prefix lengths (byte-level pieces may straddle characters)
-        n = max(prev, min(len(protocol.escape_text(protocol.unescape_text(tok.decode(ids[:k])))), len(esc)))
-        ends_esc.append(n)
+            return ids, [(int(a), int(b)) for a, b in enc.offsets]
+    ends, prev = [], 0  # fallback: decoded prefix lengths (pieces may straddle characters: keep monotone)
+    for k in range(1, len(ids) + 1):
+        n = max(prev, min(len(tok.decode(ids[:k])), len(text)))
+        ends.append(n)
         prev = n
     if ids:
-        ends_esc[-1] = len(esc)
+        ends[-1] = len(text)
     offsets, start = [], 0
-    for e in ends_esc:
-        raw_s = mapping[start] if start < len(esc) else len(text)
-        raw_e = mapping[e - 1] + 1 if e > 0 else 0
-        offsets.append((raw_s, max(raw_s, raw_e)))
+    for e in ends:
+        offsets.append((start, e))
         start = e
     return ids, offsets
 
@@ -184,7 +178,7 @@ def encode_document(tok: Any, doc: EvalDoc) -> EncodedDoc:
     read_tokens = [piece_start_token.get(r.char_pos, 0 if r.char_pos <= 0 else len(ids)) for r in doc.reads]
     masks = {
         "overall": np.ones(len(ids), bool),
-        "target": char_spans_to_token_mask(offsets, [r.target_span for r in doc.reads]),
+        "target": char_spans_to_token_mask(offsets, [sp for r in doc.reads for sp in r.target_spans]),
         "entity": char_spans_to_token_mask(offsets, doc.entity_spans),
     }
     return EncodedDoc(doc, ids, offsets, read_tokens, masks)

@@ -1,0 +1,183 @@
+"""The embedded-default main job and its stages. Each stage writes its outputs under one directory plus a
+`stages/<name>.json` stamp holding a hash of the settings it depends on; a stage whose stamp matches is
+skipped, so a run resumes where it stopped and a changed setting redoes exactly the stages it affects.
+
+Stages: corpus (synthesize, split train / eval, build write / read / lm / eval examples) -> tokenizer ->
+pretrain (tiny base) -> mw and mr (LoRA adapters) -> memory (the memory-write model writes the evaluation
+documents) -> table2 -> editing -> scaling -> report (markdown + PNG). `run_stage(cfg, out, name)` runs one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import time
+from typing import Any, Callable
+
+STAGES = ("corpus", "tokenizer", "pretrain", "mw", "mr", "memory", "table2", "editing", "scaling", "report")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    name: str = "default"
+    """Run name (shown in the report)."""
+    corpus: str = "synthetic"
+    """"synthetic" (generated here) or a DocRED-format JSON file (e.g. Re-DocRED test) split into train and
+    held-out evaluation documents."""
+    synth_docs: int = 1500
+    """Synthetic documents generated (train + eval + outside)."""
+    synth_seed: int = 0
+    """Seed of the synthetic world and documents."""
+    labels: str = ""
+    """Relation labels file for a DocRED corpus ("" = the synthetic labels / data_gen's default)."""
+    eval_docs: int = 40
+    """Documents held out for evaluation (the last ones of the corpus)."""
+    outside_docs: int = 0
+    """Documents (before the evaluation ones) written by the MW model for rows ① (all) and ② (a quarter);
+    0 skips those rows."""
+    vocab_size: int = 2048
+    """Tokenizer vocabulary (byte-level BPE trained on the training documents)."""
+    base_model: str = ""
+    """An HF model directory (e.g. Mistral-7B converted weights) used as the base instead of pretraining;
+    "" = pretrain the tiny base here."""
+    pretrain_config: str = "pretrain_tiny"
+    """experiments/configs module whose get_config() gives the base model's TrainConfig."""
+    mw_config: str = "mw_tiny"
+    """experiments/configs module for the memory-write adapter's TrainConfig."""
+    mr_config: str = "mr_tiny"
+    """experiments/configs module for the memory-read adapter's TrainConfig."""
+    train_overrides: tuple[str, ...] = ()
+    """`section.field=value` for the three training configs, e.g. ("pretrain.steps=200", "mr.lr=1e-3")."""
+    encoder: str = "minilm"
+    """Name encoder of every memory."""
+    rows: tuple[str, ...] = ("baseline1", "baseline2", "row3", "row4", "row5", "row6", "row7", "row8", "row9")
+    """Table 2 rows to evaluate (memllm_jax.eval.rows.ROWS keys)."""
+    eval_batch: int = 8
+    """Documents per forward in the perplexity evaluation."""
+    editing: str = "synthetic"
+    """"synthetic" (edits built from held-out facts of the corpus), a ZsRE JSON path, or "" to skip."""
+    n_edits: int = 24
+    """Edits (records) evaluated."""
+    editing_regimes: tuple[str, ...] = ("sequential", "single")
+    """"sequential" (all edits written, then asked) and/or "single" (T = 1)."""
+    scaling_sizes: tuple[int, ...] = (0, 100, 1000, 5000)
+    """Distractor triples added to the gold evaluation memory for the scaling curve (empty = skip)."""
+    scaling_row: str = "row7"
+    """Which row's read setting the scaling curve uses."""
+    growth_checkpoints: tuple[int, ...] = (100, 300, 1000, 3000, 10000, 30000)
+    """Triples added when measuring Figure 4's records-per-triple ratio."""
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _atomic_json(path: pathlib.Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def _atomic_text(path: pathlib.Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+_DEPENDS = {
+    "corpus": ("corpus", "synth_docs", "synth_seed", "labels", "eval_docs", "outside_docs"),
+    "tokenizer": ("vocab_size",),
+    "pretrain": ("base_model", "pretrain_config", "train_overrides"),
+    "mw": ("mw_config", "train_overrides"),
+    "mr": ("mr_config", "train_overrides"),
+    "memory": ("encoder",),
+    "table2": ("rows", "eval_batch"),
+    "editing": ("editing", "n_edits", "editing_regimes"),
+    "scaling": ("scaling_sizes", "scaling_row", "growth_checkpoints"),
+    "report": (),
+}
+
+
+def stage_key(cfg: PipelineConfig, name: str) -> str:
+    """A stage's key covers its own settings and those of every earlier stage (its inputs)."""
+    upto = STAGES[: STAGES.index(name) + 1]
+    return _hash({s: {f: getattr(cfg, f) for f in _DEPENDS[s]} for s in upto})
+
+
+class Pipeline:
+    def __init__(self, cfg: PipelineConfig, out: str | pathlib.Path, say: Callable[[str], None] = print):
+        self.cfg, self.out, self.say = cfg, pathlib.Path(out), say
+        self._cache: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------------------------------ driver
+
+    def done(self, name: str) -> bool:
+        stamp = self.out / "stages" / f"{name}.json"
+        return stamp.exists() and json.loads(stamp.read_text()).get("key") == stage_key(self.cfg, name)
+
+    def run_stage(self, name: str, force: bool = False) -> None:
+        if name not in STAGES:
+            raise ValueError(f"unknown stage {name!r}; stages: {STAGES}")
+        if self.done(name) and not force:
+            self.say(f"[{name}] up to date, skipped")
+            return
+        t0 = time.perf_counter()
+        self.say(f"[{name}] running")
+        info = getattr(self, f"stage_{name}")() or {}
+        seconds = time.perf_counter() - t0
+        _atomic_json(self.out / "stages" / f"{name}.json", {"key": stage_key(self.cfg, name), "seconds": seconds, **info})
+        self.say(f"[{name}] done in {seconds:.1f}s")
+
+    def run(self, stages=STAGES) -> None:
+        _atomic_json(self.out / "config.json", dataclasses.asdict(self.cfg))
+        for name in stages:
+            self.run_stage(name)
+
+    # lazily loaded artefacts --------------------------------------------------------------------------
+
+    def tokenizer(self):
+        if "tok" not in self._cache:
+            from memllm_jax.tokenizer import load_tokenizer
+
+            self._cache["tok"] = load_tokenizer(self.out / "tokenizer")
+        return self._cache["tok"]
+
+    def encoder(self):
+        if "enc" not in self._cache:
+            from memllm_jax.memory import load_encoder
+
+            self._cache["enc"] = load_encoder(self.cfg.encoder)
+        return self._cache["enc"]
+
+    def model(self, which: str):
+        """"base", "mw" or "mr": the trained model, loaded once."""
+        if which not in self._cache:
+            from experiments.training import load_trained
+
+            path = self.out / "train" / which
+            if which == "base":
+                path = pathlib.Path(self.cfg.base_model) if self.cfg.base_model else self.out / "train" / "pretrain"
+            self._cache[which] = load_trained(path)
+        return self._cache[which]
+
+    def eval_docs(self):
+        if "docs" not in self._cache:
+            from memllm_jax.eval.records import encode_documents, load_eval_docs
+
+            self._cache["docs"] = encode_documents(self.tokenizer(), load_eval_docs(self.out / "data" / "eval" / "eval.jsonl"))
+        return self._cache["docs"]
+
+    def memory(self, which: str):
+        from memllm_jax.memory import TripleMemory
+
+        return TripleMemory.open(self.out / "memory" / which, self.encoder())
+
+    # stages -------------------------------------------------------------------------------------------
+
+    from experiments.stages import (stage_corpus, stage_editing, stage_memory, stage_mr, stage_mw,  # noqa: E402
+                                    stage_pretrain, stage_report, stage_scaling, stage_table2, stage_tokenizer)

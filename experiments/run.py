@@ -1,0 +1,97 @@
+"""`memllm run`: the embedded-default main job, any experiment config, or a sweep.
+
+    memllm run --out outputs/default                       # experiments/configs/default.py, every stage
+    memllm run --config experiments/configs/table2.py --out DIR [--set rows="('row7',)"] [--sweep]
+    memllm run --out DIR --stage table2 [--force]          # one stage (its inputs must exist)
+
+A config file's `get_config()` returns a `PipelineConfig`; `sweep(add)` calls `add(name, *assignments)` once
+per point. Sweep points share the output directory (stages whose settings did not change are skipped, so
+models are trained once) and each point's results are copied to `DIR/sweep/<name>/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import pathlib
+import shutil
+import sys
+import time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default="default", help="experiments/configs module name or a .py file (default: default)")
+    parser.add_argument("--out", default="outputs/default", help="output directory for every artefact")
+    parser.add_argument("--set", action="append", default=[], metavar="K=V", help="override a config field (repeatable)")
+    parser.add_argument("--sweep", action="store_true", help="run every point of the config's sweep(add)")
+    parser.add_argument("--stage", action="append", default=[], help="run only these stages (repeatable)")
+    parser.add_argument("--force", action="store_true", help="rerun the selected stages even when up to date")
+
+
+def load_config_module(spec: str):
+    path = pathlib.Path(spec)
+    if spec.endswith(".py") or path.exists():
+        if not path.exists():
+            raise SystemExit(f"{spec}: config file not found")
+        mod_spec = importlib.util.spec_from_file_location(f"memllm_config_{path.stem}", path)
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+        return module
+    try:
+        return importlib.import_module(f"experiments.configs.{spec}")
+    except ModuleNotFoundError as exc:
+        raise SystemExit(f"{spec}: no such experiment config (experiments/configs/{spec}.py)") from exc
+
+
+def sweep_points(module) -> list[tuple[str, tuple[str, ...]]]:
+    points: list[tuple[str, tuple[str, ...]]] = []
+    if not hasattr(module, "sweep"):
+        raise SystemExit(f"{module.__name__}: has no sweep(add)")
+    module.sweep(lambda name, *assignments: points.append((str(name), tuple(assignments))))
+    return points
+
+
+def main(args: argparse.Namespace) -> int:
+    from experiments.pipeline import STAGES, Pipeline, PipelineConfig
+    from memllm_jax.config import override
+
+    module = load_config_module(args.config)
+    base = module.get_config()
+    if not isinstance(base, PipelineConfig):
+        raise SystemExit(f"{args.config}: get_config() returned {type(base).__name__}; `memllm run` takes a PipelineConfig "
+                         "(training configs run with `memllm train`)")
+    base = override(base, *args.set)
+    out = pathlib.Path(args.out)
+    t0 = time.perf_counter()
+
+    def say(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)
+
+    stages = tuple(args.stage) or STAGES
+    bad = [s for s in stages if s not in STAGES]
+    if bad:
+        raise SystemExit(f"unknown stage(s) {bad}; stages: {STAGES}")
+    points = sweep_points(module) if args.sweep else [("", ())]
+    for name, assignments in points:
+        cfg = override(base, *assignments)
+        if name:
+            say(f"=== sweep point {name}: {' '.join(assignments)}")
+        pipe = Pipeline(cfg, out, say)
+        if args.force:
+            for s in stages:
+                pipe.run_stage(s, force=True)
+        else:
+            pipe.run(stages)
+        if name and (out / "results").exists():
+            dest = out / "sweep" / name
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(out / "results", dest)
+    say(f"all done; artefacts in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser(prog="memllm run")
+    add_arguments(_parser)
+    sys.exit(main(_parser.parse_args()))

@@ -1,0 +1,249 @@
+"""The stages of `experiments.pipeline.Pipeline` (each a method taking the pipeline; returns stamp info)."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import random
+
+from experiments.pipeline import _atomic_json, _atomic_text
+
+
+def _write_json_array(path: pathlib.Path, docs: list) -> None:
+    _atomic_json(path, docs)
+
+
+def _labels(self):
+    from data_gen.cli import _labels as data_labels
+
+    if self.cfg.corpus == "synthetic":
+        from data_gen.synthetic import synthetic_rel_info
+
+        return synthetic_rel_info()
+    return data_labels(self.cfg.labels or None, self.cfg.corpus)
+
+
+def _documents(self, split: str):
+    from data_gen.docred import load_documents
+
+    return load_documents(str(self.out / "data" / f"{split}.json"), _labels(self))
+
+
+def stage_corpus(self):
+    cfg, data = self.cfg, self.out / "data"
+    if cfg.corpus == "synthetic":
+        from data_gen.synthetic import iter_synthetic
+
+        raw = list(iter_synthetic(cfg.synth_docs, seed=cfg.synth_seed))
+    else:
+        path = pathlib.Path(cfg.corpus)
+        if not path.exists():
+            raise SystemExit(f"{path}: corpus file not found (PipelineConfig.corpus)")
+        raw = json.loads(path.read_text())
+    n_eval, n_out = cfg.eval_docs, cfg.outside_docs
+    if len(raw) <= n_eval + n_out:
+        raise SystemExit(f"corpus has {len(raw)} documents; eval_docs + outside_docs = {n_eval + n_out} leaves none to train on")
+    split = {"train": raw[: len(raw) - n_eval - n_out], "outside": raw[len(raw) - n_eval - n_out: len(raw) - n_eval],
+             "eval": raw[len(raw) - n_eval:]}
+    for name, docs in split.items():
+        _write_json_array(data / f"{name}.json", docs)
+    _atomic_json(data / "rel_info.json", _labels(self))
+    from data_gen.build import build_all
+
+    labels = _labels(self)
+    self.say(f"  building write / read / lm examples from {len(split['train'])} training documents")
+    st_train = build_all(str(data / "train.json"), str(data / "train"), labels, kinds={"write", "read", "lm"})
+    self.say(f"  building eval records for {len(split['eval'])} held-out documents")
+    build_all(str(data / "eval.json"), str(data / "eval"), labels, kinds={"eval"})
+    return {"documents": {k: len(v) for k, v in split.items()}, "train_stats": st_train.to_json()}
+
+
+def stage_tokenizer(self):
+    from memllm_jax.tokenizer import train_tokenizer
+
+    texts = []
+    with open(self.out / "data" / "train" / "lm.jsonl") as f:
+        for line in f:
+            texts += [s["text"] for s in json.loads(line)["segments"]]
+    train_tokenizer(texts, self.cfg.vocab_size, self.out / "tokenizer")
+    self._cache.pop("tok", None)
+    return {"texts": len(texts)}
+
+
+def _train(self, section: str, module: str, data_file: str, init: str | None):
+    from experiments.training import run_training
+
+    data = self.out / "data" / "train" / data_file
+    return run_training(module, section, self.cfg.train_overrides, train_data=str(data),
+                        tokenizer=str(self.out / "tokenizer"), workdir=str(self.out / "train" / section),
+                        init=init, say=self.say)
+
+
+def _base(self) -> str:
+    return self.cfg.base_model or str(self.out / "train" / "pretrain")
+
+
+def stage_pretrain(self):
+    if self.cfg.base_model:
+        self.say(f"  base model: {self.cfg.base_model} (no pretraining)")
+        return {"base_model": self.cfg.base_model}
+    return _train(self, "pretrain", self.cfg.pretrain_config, "lm.jsonl", None)
+
+
+def stage_mw(self):
+    return _train(self, "mw", self.cfg.mw_config, "write.jsonl", _base(self))
+
+
+def stage_mr(self):
+    return _train(self, "mr", self.cfg.mr_config, "read.jsonl", _base(self))
+
+
+def stage_memory(self):
+    from data_gen.gold_memory import fill_memory
+    from memllm_jax.decode.writer import write_corpus
+    from memllm_jax.memory import TripleMemory
+
+    tok, enc, mw, info = self.tokenizer(), self.encoder(), self.model("mw"), {}
+    eval_docs = _documents(self, "eval")
+    gold = TripleMemory(enc)
+    info["gold_triples"] = fill_memory(gold, eval_docs)
+    gold.save(self.out / "memory" / "gold")
+    mem = TripleMemory(enc)
+
+    def on_batch(stats, finished):
+        if finished:
+            self.say(f"  memory write: {stats.documents} documents, {stats.sentences} sentences, {stats.triples} triples")
+
+    st = write_corpus(mw, tok, mem, eval_docs, on_batch=on_batch)
+    mem.save(self.out / "memory" / "mw_eval")
+    info["mw_eval"] = {"sentences": st.sentences, "triples": st.triples, "malformed": st.malformed,
+                       "no_cut": st.no_cut, **{k: v for k, v in mem.stats().items() if isinstance(v, (int, float))}}
+    if self.cfg.outside_docs:
+        outside = _documents(self, "outside")
+        for name, docs in (("mw_outside_small", outside[: max(1, len(outside) // 4)]), ("mw_outside_large", outside)):
+            big = TripleMemory.open(self.out / "memory" / "mw_eval", enc)  # the outside corpus plus the evaluation one
+            write_corpus(mw, tok, big, docs)
+            big.save(self.out / "memory" / name)
+            info[name] = big.stats()["triples"]
+    _atomic_json(self.out / "results" / "memory.json", info)
+    self.say(f"  gold memory: {info['gold_triples']} triples; MW memory: {st.triples} triples written")
+    return info
+
+
+def stage_table2(self):
+    from experiments.tables import plot_table2, table2_markdown
+    from memllm_jax.eval.perplexity import evaluate_perplexity
+    from memllm_jax.eval.rows import get_rows
+
+    docs, tok, results = self.eval_docs(), self.tokenizer(), {}
+    path = self.out / "results" / "table2.json"
+    for row in get_rows(self.cfg.rows):
+        if row.memory.startswith("mw_outside") and not self.cfg.outside_docs:
+            self.say(f"  {row.name}: skipped (outside_docs = 0)")
+            continue
+        memory = None if row.memory == "none" else self.memory(row.memory)
+        model = self.model("base" if row.model == "base" else "mr")
+        res = evaluate_perplexity(model, tok, docs, memory, row.read, batch_size=self.cfg.eval_batch, progress=self.say)
+        results[row.key] = {"name": row.name, "description": row.description, **res.to_json()}
+        p = res.ppl
+        self.say(f"  {row.name:12s} OVERALL {p['overall']:.3f}  TARGET {p['target']:.3f}  ENTITY {p['entity']:.3f}"
+                 f"  reads {res.stats['reads']} ({res.stats['reads_with_results']} with results)")
+        _atomic_json(path, results)
+    md = table2_markdown(results)
+    _atomic_text(self.out / "results" / "table2.md", md + "\n")
+    plot_table2(results, self.out / "results" / "table2.png")
+    self.say(md)
+    return {"rows": list(results)}
+
+
+def synthetic_edits(docs, n: int, seed: int = 0):
+    """Edit records from held-out gold triples: the question names subject and relation, the new answer is
+    another object seen with the same relation, the locality question asks about a different fact."""
+    from memllm_jax.eval.editing import EditRecord, Shot
+    from memllm_jax import protocol
+
+    triples = sorted({t for d in docs for t in d.triples})
+    rng = random.Random(seed)
+    rng.shuffle(triples)
+    by_rel: dict[str, list[str]] = {}
+    for t in triples:
+        by_rel.setdefault(t.relation, []).append(t.object)
+    shots_src, rest = triples[:5], triples[5:]
+    shots = tuple(Shot(f"What is the {t.relation} of {t.subject}?", t.object,
+                       (protocol.Query(t.subject, t.relation, None),) if k == 4 else ())
+                  for k, t in enumerate(shots_src))
+    records, used = [], set()
+    for k, t in enumerate(rest):
+        if len(records) >= n:
+            break
+        alts = [o for o in by_rel[t.relation] if o != t.object]
+        if not alts or (t.subject, t.relation) in used:
+            continue
+        used.add((t.subject, t.relation))
+        loc = rest[(k + len(rest) // 2) % len(rest)]
+        records.append(EditRecord(f"What is the {t.relation} of {t.subject}?", f"{t.subject}: what is its {t.relation}?",
+                                  rng.choice(alts), f"What is the {loc.relation} of {loc.subject}?", loc.object))
+    return records, shots
+
+
+def stage_editing(self):
+    from experiments.tables import table3_markdown
+    from memllm_jax.eval.editing import ZSRE_SHOTS, evaluate_editing, load_zsre
+
+    if not self.cfg.editing:
+        return {"skipped": True}
+    if self.cfg.editing == "synthetic":
+        records, shots = synthetic_edits([d.doc for d in self.eval_docs()], self.cfg.n_edits)
+    else:
+        if not pathlib.Path(self.cfg.editing).exists():
+            self.say(f"  editing: {self.cfg.editing} not found, skipped")
+            return {"skipped": True}
+        records, shots = load_zsre(self.cfg.editing, self.cfg.n_edits), ZSRE_SHOTS
+    res = evaluate_editing(self.model("mw"), self.model("mr"), self.tokenizer(), self.encoder(), records, shots=shots,
+                           regimes=self.cfg.editing_regimes, progress=self.say)
+    out = {k: v.to_json() for k, v in res.items()}
+    _atomic_json(self.out / "results" / "table3.json", out)
+    md = table3_markdown(out, "Table 3 analogue (ours, synthetic edits)" if self.cfg.editing == "synthetic" else "Table 3 (ours, ZsRE)")
+    _atomic_text(self.out / "results" / "table3.md", md + "\n")
+    self.say(md)
+    return {"regimes": list(out)}
+
+
+def stage_scaling(self):
+    from data_gen.gold_memory import gold_triples
+    from experiments.tables import plot_scaling, scaling_markdown
+    from memllm_jax.eval.rows import ROWS
+    from memllm_jax.eval.scaling import memory_growth, perplexity_vs_memory_size
+
+    docs = self.eval_docs()
+    base = sorted({t for d in docs for t in d.doc.triples})
+    base_set = set(base)
+    distractors = sorted({t for doc in _documents(self, "train") for t in gold_triples(doc)} - base_set)
+    random.Random(0).shuffle(distractors)
+    points = []
+    if self.cfg.scaling_sizes:
+        pts = perplexity_vs_memory_size(self.model("mr"), self.tokenizer(), docs, self.encoder(), base, distractors,
+                                        self.cfg.scaling_sizes, ROWS[self.cfg.scaling_row].read,
+                                        batch_size=self.cfg.eval_batch, progress=self.say)
+        points = [p.__dict__ for p in pts]
+    growth = memory_growth(self.encoder(), base + distractors, self.cfg.growth_checkpoints)
+    _atomic_json(self.out / "results" / "scaling.json", {"points": points, "growth": growth})
+    md = scaling_markdown(points, growth)
+    _atomic_text(self.out / "results" / "scaling.md", md + "\n")
+    plot_scaling(points, growth, self.out / "results" / "scaling.png")
+    self.say(md)
+    return {"points": len(points), "growth": len(growth)}
+
+
+def stage_report(self):
+    res = self.out / "results"
+    parts = [f"# MemLLM ({self.cfg.name}) results", "", f"Output directory: `{self.out}`", ""]
+    for name in ("table2.md", "table3.md", "scaling.md"):
+        if (res / name).exists():
+            parts += [(res / name).read_text(), ""]
+    for name in ("table2.png", "scaling.png"):
+        if (res / name).exists():
+            parts.append(f"![{name}]({name})")
+    _atomic_text(res / "report.md", "\n".join(parts) + "\n")
+    self.say(f"report: {res / 'report.md'}")
+    return {}

@@ -1,0 +1,215 @@
+"""Table 3: knowledge editing by memory writes (paper §4.3), on ZsRE-format records.
+
+Edits. Each edit is written by the memory-write model from the sentence `src + protocol.WRITE_BRIDGE + alt`
+(the question, " It is or they are ", the new answer) bracketed as a focus sentence with no pretext; the
+parsed triples are added with replace semantics (a triple with the same subject and relation replaces the
+stored ones), to a memory whose retrieval uses the editing thresholds (`config.EDITING_MEMORY`).
+
+Questions. A 5-shot QA prompt (`Q: question\nA: answer\n\n`); the fifth shot contains a complete memory
+read after its question; the test question follows and a read is forced right after it. The answer is
+the generated text (API calls removed) after the read, up to the first line break, with a leading "A:"
+dropped.
+
+Scoring rule (one number per question, averaged over records):
+- REL: the answer to `src` equals `alt`;
+- GEN: the answer to `rephrase` equals `alt`;
+- LOC: the answer to `loc` equals the answer the same model gives to `loc` with an empty memory (no edits).
+"Equals" compares normalised strings: lowercased, punctuation and the articles a/an/the removed,
+whitespace collapsed (SQuAD's normalisation). AVG is the mean of REL, GEN and LOC.
+
+Two regimes: sequential (all T edits written in order into one memory, then every question asked) and
+single (T = 1: a fresh memory holding only that record's edit for each record).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import re
+import string
+from typing import Any, Callable, Sequence
+
+from memllm_jax import protocol
+from memllm_jax.config import EDITING_MEMORY
+
+
+@dataclasses.dataclass(frozen=True)
+class EditRecord:
+    src: str
+    rephrase: str
+    alt: str
+    loc: str
+    loc_ans: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Shot:
+    question: str
+    answer: str
+    queries: tuple[protocol.Query, ...] = ()
+    """Non-empty only for the last shot: the read call placed after its question (answered by `answer`)."""
+
+
+ZSRE_SHOTS: tuple[Shot, ...] = (
+    Shot("What is the capital of France?", "Paris"),
+    Shot("Which country is Mount Fuji located in?", "Japan"),
+    Shot("Who wrote the novel Pride and Prejudice?", "Jane Austen"),
+    Shot("What language is spoken in Brazil?", "Portuguese"),
+    Shot("Where was Barack Obama born?", "Honolulu", (protocol.Query("Barack Obama", "place of birth", None),)),
+)
+"""The 5-shot prompt for ZsRE questions: four plain pairs, the fifth with a full memory read."""
+
+
+def load_zsre(path: str | pathlib.Path, limit: int | None = None) -> list[EditRecord]:
+    path = pathlib.Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON: {exc}") from exc
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of ZsRE records")
+    out = []
+    for k, rec in enumerate(data[:limit] if limit else data):
+        for field in ("src", "rephrase", "alt", "loc"):
+            if not isinstance(rec.get(field), str) or not rec[field].strip():
+                raise ValueError(f"{path}: record {k}: field {field!r} missing or not a non-empty string")
+        loc = rec["loc"]
+        loc = loc[len("nq question: "):] if loc.startswith("nq question: ") else loc
+        loc = loc if loc.rstrip().endswith("?") else loc.rstrip() + "?"
+        out.append(EditRecord(rec["src"], rec["rephrase"], rec["alt"], loc, str(rec.get("loc_ans", ""))))
+    return out
+
+
+def normalize_answer(text: str) -> str:
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def extract_answer(plain_text: str) -> str:
+    """The first non-empty line of the generated plain text, without a leading "A:"."""
+    for line in plain_text.split("\n"):
+        line = line.strip()
+        if line.startswith("A:"):
+            line = line[2:].strip()
+        if line:
+            return line
+    return ""
+
+
+def build_prompt_ids(tok: Any, shots: Sequence[Shot], question: str) -> list[int]:
+    """BOS + the shots + `Q: question` + an opened read call (the forced read)."""
+    ids = [tok.bos_id]
+    for shot in shots:
+        ids += tok.encode(protocol.escape_text(f"Q: {shot.question}"))
+        if shot.queries:
+            ids += tok.encode(protocol.format_read_call(shot.queries) + protocol.format_read_result([shot.answer]))
+        ids += tok.encode(protocol.escape_text(f"\nA: {shot.answer}\n\n"))
+    ids += tok.encode(protocol.escape_text(f"Q: {question}"))
+    ids.append(tok.marker_id[protocol.MEM_READ])
+    return ids
+
+
+def edit_sentence(rec: EditRecord) -> str:
+    return rec.src + protocol.WRITE_BRIDGE + rec.alt
+
+
+def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord], *, batch_size: int = 16,
+                  max_new_tokens: int = 64) -> list[list[protocol.Triple]]:
+    """Triples the memory-write model extracts from each edit sentence (late stopping, paper Appendix A)."""
+    from memllm_jax.decode.writer import decode_writes
+
+    prompts = [[tok.bos_id] + tok.encode(protocol.format_write_prompt("", edit_sentence(r))
+                                         + protocol.MEM_WRITE) for r in records]
+    out: list[list[protocol.Triple]] = []
+    for i in range(0, len(prompts), batch_size):
+        res = decode_writes(write_model, tok, prompts[i:i + batch_size], max_new_tokens=max_new_tokens,
+                            pad_to=batch_size)
+        out += [list(protocol.parse_write_call(r["text"]).items) if r["cut"] >= 0 else [] for r in res]
+    return out
+
+
+def answer_questions(read_model: Any, tok: Any, memory: Any, questions: Sequence[str], shots: Sequence[Shot], *,
+                     max_new_tokens: int = 24, batch_size: int = 16) -> list[str]:
+    from memllm_jax.decode.reader import generate_with_memory
+
+    if not questions:
+        return []
+    prompts = [build_prompt_ids(tok, shots, q) for q in questions]
+    res = generate_with_memory(read_model, tok, memory, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    return [extract_answer(r.plain_text) for r in res]
+
+
+@dataclasses.dataclass
+class EditingResult:
+    regime: str
+    n_edits: int
+    rel: float
+    gen: float
+    loc: float
+    written_triples: int
+    edits_with_triples: int
+    examples: list[dict]
+
+    @property
+    def avg(self) -> float:
+        return (self.rel + self.gen + self.loc) / 3
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["avg"] = self.avg
+        return d
+
+
+def _score(records, ans_src, ans_reph, ans_loc, ans_loc_base, edits, regime) -> EditingResult:
+    eq = lambda a, b: normalize_answer(a) == normalize_answer(b)  # noqa: E731
+    rel = [eq(a, r.alt) for a, r in zip(ans_src, records)]
+    gen = [eq(a, r.alt) for a, r in zip(ans_reph, records)]
+    loc = [eq(a, b) for a, b in zip(ans_loc, ans_loc_base)]
+    n = max(1, len(records))
+    examples = [{"src": r.src, "alt": r.alt, "triples": [list(dataclasses.astuple(t)) for t in e], "answer_src": a,
+                 "answer_rephrase": g, "answer_loc": l, "answer_loc_unedited": b}
+                for r, e, a, g, l, b in list(zip(records, edits, ans_src, ans_reph, ans_loc, ans_loc_base))[:20]]
+    return EditingResult(regime, len(records), sum(rel) / n, sum(gen) / n, sum(loc) / n,
+                         sum(len(e) for e in edits), sum(bool(e) for e in edits), examples)
+
+
+def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, records: Sequence[EditRecord], *,
+                     shots: Sequence[Shot] = ZSRE_SHOTS, regimes: Sequence[str] = ("sequential", "single"),
+                     memory_config=EDITING_MEMORY, batch_size: int = 16, max_new_tokens: int = 24,
+                     progress: Callable[[str], None] | None = None) -> dict[str, EditingResult]:
+    """REL / GEN / LOC after all edits written in sequence ("sequential") and with one edit at a time ("single")."""
+    from memllm_jax.memory import TripleMemory
+
+    say = progress or (lambda _m: None)
+    say(f"  editing: writing {len(records)} edits with the memory-write model")
+    edits = extract_edits(write_model, tok, records, batch_size=batch_size)
+    ask = lambda mem, qs: answer_questions(read_model, tok, mem, qs, shots, max_new_tokens=max_new_tokens,  # noqa: E731
+                                           batch_size=batch_size)
+    empty = TripleMemory(encoder, memory_config)
+    say("  editing: locality answers without edits")
+    loc_base = ask(empty, [r.loc for r in records])
+    out: dict[str, EditingResult] = {}
+    if "sequential" in regimes:
+        mem = TripleMemory(encoder, memory_config)
+        for k, triples in enumerate(edits):
+            if triples:
+                mem.add(triples, source=f"edit{k}", replace=True)
+        say(f"  editing: T={len(records)} sequential edits written ({len(mem.triples)} triples); asking")
+        out["sequential"] = _score(records, ask(mem, [r.src for r in records]), ask(mem, [r.rephrase for r in records]),
+                                   ask(mem, [r.loc for r in records]), loc_base, edits, "sequential")
+    if "single" in regimes:
+        a_src, a_reph, a_loc = [], [], []
+        for k, (rec, triples) in enumerate(zip(records, edits)):
+            mem = TripleMemory(encoder, memory_config)
+            if triples:
+                mem.add(triples, source=f"edit{k}", replace=True)
+            s, g, l = ask(mem, [rec.src, rec.rephrase, rec.loc])
+            a_src.append(s)
+            a_reph.append(g)
+            a_loc.append(l)
+        say("  editing: T=1 done")
+        out["single"] = _score(records, a_src, a_reph, a_loc, loc_base, edits, "single")
+    return out
