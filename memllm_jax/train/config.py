@@ -1,0 +1,119 @@
+"""`TrainConfig`: everything a training run needs, as one frozen, overridable value.
+
+Experiment files (`experiments/configs/*.py`) return one from `get_config()`; the command line changes fields
+with `--set a.b=c` (`memllm_jax.config.override`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from memllm_jax.config import DEFAULT_TINY, LoraConfig, MeshConfig, ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    name: str = "train"
+    """Run name (used in log lines and TensorBoard)."""
+    model: ModelConfig = DEFAULT_TINY
+    """The decoder architecture (also sets `compute_dtype` for bf16 compute and `remat`)."""
+    lora: LoraConfig | None = None
+    """Adapters added to the model; required when `mode` is "lora"."""
+    mesh: MeshConfig = MeshConfig()
+    """Device mesh; the global batch is split over `data * fsdp`."""
+    mode: str = "full"
+    """"full": train every parameter (the tiny base); "lora": train the `nnx.LoRAParam` leaves only, with
+    optimizer state for them only, and checkpoint only them."""
+
+    train_data: tuple[str, ...] = ()
+    """JSONL files of training records (`segments` with loss flags; docs/interfaces.md)."""
+    eval_data: tuple[str, ...] = ()
+    """JSONL files of held-out records; empty = hold out `eval_fraction` of `train_data`."""
+    eval_fraction: float = 0.05
+    """Share of `train_data` held out when `eval_data` is empty (0 disables evaluation then)."""
+    tokenizer: str = ""
+    """Tokenizer path for `memllm_jax.tokenizer.load_tokenizer` (our tokenizer.json or an HF directory)."""
+    seq_len: int = 256
+    """Model input length of a row; longer examples are truncated from the left, keeping the loss span."""
+    packing: str = "pad"
+    """"pad": one example per row with length buckets; "pack": concatenate examples into full rows."""
+    buckets: tuple[int, ...] = ()
+    """Row lengths for "pad" (each batch uses the smallest that fits); empty = powers of two up to seq_len."""
+
+    global_batch: int = 32
+    """Rows per optimizer step (over all devices and micro-batches)."""
+    micro_batches: int = 1
+    """Gradient accumulation: the global batch is run as this many sequential micro-batches."""
+    steps: int | None = None
+    """Optimizer steps; None = derive from `epochs`."""
+    epochs: float | None = 1.0
+    """Passes over the training data when `steps` is None."""
+
+    lr: float = 3e-4
+    """Peak learning rate."""
+    warmup_steps: int = 0
+    """Linear warmup from 0 to `lr`."""
+    schedule: str = "cosine"
+    """Decay after warmup: "cosine", "linear" or "constant"."""
+    end_lr_fraction: float = 0.1
+    """Final learning rate as a fraction of `lr` (cosine and linear)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay (applied to matrices only, not to norm scales)."""
+    b1: float = 0.9
+    """Adam beta1."""
+    b2: float = 0.999
+    """Adam beta2."""
+    eps: float = 1e-8
+    """Adam epsilon."""
+    clip_norm: float | None = 1.0
+    """Clip the global gradient norm to this value; None disables clipping."""
+
+    eval_every: int = 0
+    """Evaluate the held-out loss every this many steps (and at the end); 0 = only at the end."""
+    eval_batch: int = 32
+    """Rows per evaluation batch."""
+    eval_max_examples: int | None = None
+    """Use at most this many held-out examples (None = all)."""
+    log_every: int = 10
+    """Write a metrics line every this many steps."""
+
+    workdir: str = "runs/train"
+    """Directory for checkpoints (`ckpt/`), metrics (`metrics.jsonl`, `tb/`), the loss plot and final params."""
+    checkpoint_every: int = 0
+    """Save the train state every this many steps (and at the end); 0 = only at the end."""
+    keep_checkpoints: int = 2
+    """Number of most recent train-state checkpoints kept."""
+    async_checkpoint: bool = True
+    """Write checkpoints in the background while training continues."""
+    resume: bool = True
+    """Continue from the latest checkpoint in `workdir` when there is one."""
+
+    seed: int = 0
+    """Seed of the parameter initialisation (full mode) and of LoRA init and dropout."""
+    data_seed: int = 0
+    """Seed of the shuffling (a run's batches are a pure function of it and the step)."""
+    init_checkpoint: str | None = None
+    """Base parameters to start from: a `memllm_jax.checkpoint` directory (e.g. the tiny base run's
+    `params/`) or an HF model directory; None = random initialisation (pretraining)."""
+    progress: bool = True
+    """Show a tqdm progress bar (loss, tokens/s, ETA)."""
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Raise a ValueError naming the field for inconsistent settings."""
+    if cfg.mode not in ("full", "lora"):
+        raise ValueError(f"TrainConfig.mode must be 'full' or 'lora', got {cfg.mode!r}")
+    if cfg.mode == "lora" and cfg.lora is None:
+        raise ValueError("TrainConfig.mode='lora' needs TrainConfig.lora")
+    if cfg.schedule not in ("cosine", "linear", "constant"):
+        raise ValueError(f"TrainConfig.schedule must be cosine, linear or constant, got {cfg.schedule!r}")
+    if cfg.global_batch % cfg.micro_batches:
+        raise ValueError(f"TrainConfig.global_batch={cfg.global_batch} is not divisible by micro_batches={cfg.micro_batches}")
+    if cfg.steps is None and cfg.epochs is None:
+        raise ValueError("set TrainConfig.steps or TrainConfig.epochs")
+    if not cfg.train_data:
+        raise ValueError("TrainConfig.train_data is empty")
+    if not cfg.tokenizer:
+        raise ValueError("TrainConfig.tokenizer is empty")
+    if cfg.seq_len > cfg.model.max_seq_len:
+        raise ValueError(f"TrainConfig.seq_len={cfg.seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}")

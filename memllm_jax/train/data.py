@@ -1,0 +1,327 @@
+"""The training input pipeline: JSONL examples -> token ids + explicit loss mask -> global batches (grain).
+
+Each record (docs/interfaces.md, "Data examples") is a list of text segments with loss flags. Every segment
+is tokenized on its own, BOS is prepended and EOS appended when `eos` is true (EOS carries the loss flag of
+the last segment). The per-token flag says "predict this token"; the batch field `loss_mask` is that flag
+shifted to line up with `targets`. No sentinel target id is ever used.
+
+Two ways to fill rows:
+- "pad": one example per row, right-padded; rows are grouped by length (sort inside windows of shuffled
+  examples) and padded to the smallest bucket length that fits, so the step compiles once per bucket.
+  Over-long examples are truncated from the left (pretext), never into the loss span; examples whose
+  loss span alone does not fit are dropped and counted.
+- "pack": the examples of an epoch (shuffled) are concatenated into one stream cut into rows of
+  `seq_len + 1` tokens (continuous positions, documents separated by BOS/EOS) - for pretraining.
+
+The batch plan is a pure function of (seed, epoch, batch index), built by every process identically; the
+global batch is laid out `[micro_batches, rows]` and each process materialises only its slice of the rows
+(`jax.process_index()`), so the data a step sees does not depend on how many processes there are. Grain
+serves the plan with prefetch threads, and its iterator state (the next batch index) is checkpointed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Any, Iterator, Protocol, Sequence
+
+import numpy as np
+
+import grain
+
+
+class Tokenizer(Protocol):
+    bos_id: int
+    eos_id: int
+    pad_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    ids: np.ndarray
+    """int32 token ids, BOS first."""
+    loss: np.ndarray
+    """bool per token: True when the model is trained to predict this token."""
+    where: str
+    """file:line of the record (for error messages)."""
+
+
+# ------------------------------------------------------------------------------------------- reading
+
+
+def read_jsonl(path: str) -> list[tuple[str, dict]]:
+    """`[(where, record)]`; bad JSON raises a ValueError naming the file and line."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from exc
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+            out.append((f"{path}:{lineno}", record))
+    return out
+
+
+def tokenize_record(record: dict, tok: Tokenizer, where: str) -> Example:
+    """Segments -> ids and per-token loss flags (BOS first; EOS last when `eos`)."""
+    segments = record.get("segments")
+    if not isinstance(segments, list) or not segments:
+        raise ValueError(f"{where}: field 'segments' must be a non-empty list")
+    ids: list[int] = [tok.bos_id]
+    flags: list[bool] = [False]
+    for k, seg in enumerate(segments):
+        if not isinstance(seg, dict) or not isinstance(seg.get("text"), str):
+            raise ValueError(f"{where}: segments[{k}].text must be a string")
+        if not isinstance(seg.get("loss"), bool):
+            raise ValueError(f"{where}: segments[{k}].loss must be true or false")
+        piece = list(tok.encode(seg["text"]))
+        ids += piece
+        flags += [seg["loss"]] * len(piece)
+    eos = record.get("eos", True)
+    if not isinstance(eos, bool):
+        raise ValueError(f"{where}: field 'eos' must be true or false")
+    if eos:
+        ids.append(tok.eos_id)
+        flags.append(bool(segments[-1]["loss"]))
+    return Example(np.asarray(ids, np.int32), np.asarray(flags, bool), where)
+
+
+def truncate_left(ex: Example, max_tokens: int) -> Example | None:
+    """Keep BOS and the last `max_tokens - 1` tokens; None when that would cut into the first loss token."""
+    n = len(ex.ids)
+    if n <= max_tokens:
+        return ex
+    start = n - (max_tokens - 1)
+    loss_pos = np.flatnonzero(ex.loss)
+    if loss_pos.size and loss_pos[0] < start:
+        return None
+    ids = np.concatenate([ex.ids[:1], ex.ids[start:]])
+    loss = np.concatenate([ex.loss[:1], ex.loss[start:]])
+    return Example(ids, loss, ex.where)
+
+
+@dataclasses.dataclass
+class Corpus:
+    examples: list[Example]
+    dropped: int
+    """Examples whose loss span did not fit into `seq_len + 1` tokens."""
+    truncated: int
+    """Examples shortened from the left."""
+
+    @property
+    def n_loss_tokens(self) -> int:
+        return int(sum(e.loss.sum() for e in self.examples))
+
+
+def load_corpus(paths: Sequence[str], tok: Tokenizer, seq_len: int, *, truncate: bool = True) -> Corpus:
+    """Read and tokenize every record of the JSONL files (each process reads the small corpus whole)."""
+    examples: list[Example] = []
+    dropped = truncated = 0
+    for path in paths:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"training data file {path} does not exist")
+        for where, record in read_jsonl(path):
+            ex = tokenize_record(record, tok, where)
+            if truncate and len(ex.ids) > seq_len + 1:
+                cut = truncate_left(ex, seq_len + 1)
+                if cut is None:
+                    dropped += 1
+                    continue
+                truncated += 1
+                ex = cut
+            if not ex.loss[1:].any():
+                dropped += 1
+                continue
+            examples.append(ex)
+    if not examples:
+        raise ValueError(f"no usable training examples in {list(paths)} (dropped {dropped})")
+    return Corpus(examples, dropped, truncated)
+
+
+def split_heldout(corpus: Corpus, fraction: float, seed: int) -> tuple[Corpus, Corpus]:
+    """A deterministic held-out split (for when no separate eval file is given)."""
+    n = len(corpus.examples)
+    n_eval = max(1, int(round(n * fraction)))
+    if n_eval >= n:
+        raise ValueError(f"eval_fraction={fraction} leaves no training examples out of {n}")
+    order = np.random.default_rng([seed, 7]).permutation(n)
+    ev = [corpus.examples[i] for i in sorted(order[:n_eval])]
+    tr = [corpus.examples[i] for i in sorted(order[n_eval:])]
+    return Corpus(tr, corpus.dropped, corpus.truncated), Corpus(ev, 0, 0)
+
+
+# ---------------------------------------------------------------------------------------------- plans
+
+
+def default_buckets(seq_len: int) -> tuple[int, ...]:
+    """Powers of two from 32 up to `seq_len`, and `seq_len` itself."""
+    out, b = [], 32
+    while b < seq_len:
+        out.append(b)
+        b *= 2
+    return tuple(out) + (seq_len,)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchPlan:
+    """One global batch: `rows[i]` is a list of (example index, start, stop) pieces filling row i."""
+
+    rows: tuple[tuple[tuple[int, int, int], ...], ...]
+    length: int
+    """Input length L of every row (targets have the same length)."""
+
+
+class Planner:
+    """Deterministic batch plans, a pure function of (seed, epoch, index within the epoch)."""
+
+    def __init__(self, corpus: Corpus, *, seq_len: int, global_batch: int, packing: str, seed: int,
+                 shuffle: bool = True, buckets: Sequence[int] = (), window: int = 32, drop_last: bool = True):
+        if packing not in ("pad", "pack"):
+            raise ValueError(f"TrainConfig.packing must be 'pad' or 'pack', got {packing!r}")
+        self.corpus, self.seq_len, self.global_batch = corpus, seq_len, global_batch
+        self.packing, self.seed, self.shuffle, self.window, self.drop_last = packing, seed, shuffle, window, drop_last
+        self.buckets = tuple(sorted(buckets)) if buckets else default_buckets(seq_len)
+        if self.buckets[-1] < seq_len:
+            raise ValueError(f"TrainConfig.buckets {self.buckets} must reach seq_len={seq_len}")
+        self.lengths = np.asarray([len(e.ids) for e in corpus.examples])
+        self.batches_per_epoch = len(self._epoch(0))
+        if self.batches_per_epoch == 0:
+            raise ValueError(
+                f"{len(corpus.examples)} examples ({int(self.lengths.sum())} tokens) do not fill one global batch "
+                f"of {global_batch} rows"
+            )
+
+    def _order(self, epoch: int) -> np.ndarray:
+        n = len(self.corpus.examples)
+        if not self.shuffle:
+            return np.arange(n)
+        return np.random.default_rng([self.seed, epoch]).permutation(n)
+
+    @functools.lru_cache(maxsize=4)
+    def _epoch(self, epoch: int) -> tuple[BatchPlan, ...]:
+        order = self._order(epoch)
+        if self.packing == "pack":
+            return self._pack(order)
+        return self._pad(order, epoch)
+
+    def _pack(self, order: np.ndarray) -> tuple[BatchPlan, ...]:
+        row_tokens = self.seq_len + 1
+        rows, current, filled = [], [], 0
+        for idx in order:
+            pos, n = 0, int(self.lengths[idx])
+            while pos < n:
+                take = min(n - pos, row_tokens - filled)
+                current.append((int(idx), pos, pos + take))
+                pos, filled = pos + take, filled + take
+                if filled == row_tokens:
+                    rows.append(tuple(current))
+                    current, filled = [], 0
+        n_batches = len(rows) // self.global_batch
+        return tuple(
+            BatchPlan(tuple(rows[i * self.global_batch : (i + 1) * self.global_batch]), self.seq_len)
+            for i in range(n_batches)
+        )
+
+    def _pad(self, order: np.ndarray, epoch: int) -> tuple[BatchPlan, ...]:
+        B = self.global_batch
+        chunk = self.window * B
+        batches: list[np.ndarray] = []
+        for w in range(0, len(order), chunk):
+            part = order[w : w + chunk]
+            part = part[np.argsort(self.lengths[part], kind="stable")]
+            for b in range(0, len(part), B):
+                batches.append(part[b : b + B])
+        if self.drop_last:
+            batches = [b for b in batches if len(b) == B]
+        if self.shuffle:
+            perm = np.random.default_rng([self.seed, epoch, 1]).permutation(len(batches))
+            batches = [batches[i] for i in perm]
+        plans = []
+        for idxs in batches:
+            need = int(self.lengths[idxs].max()) - 1
+            length = next(b for b in self.buckets if b >= need)
+            rows = tuple(((int(i), 0, int(self.lengths[i])),) for i in idxs)
+            rows += ((),) * (B - len(rows))  # empty rows (eval's last batch): all padding, no loss
+            plans.append(BatchPlan(rows, length))
+        return tuple(plans)
+
+    def plan(self, step: int) -> BatchPlan:
+        epoch, i = divmod(step, self.batches_per_epoch)
+        return self._epoch(epoch)[i]
+
+
+def materialize(plan: BatchPlan, corpus: Corpus, *, pad_id: int, micro_batches: int, process_index: int = 0,
+                process_count: int = 1) -> dict[str, np.ndarray]:
+    """This process's slice of one global batch, arrays shaped `[micro_batches, rows_per_process, L]`."""
+    B, L = len(plan.rows), plan.length
+    if B % (micro_batches * process_count):
+        raise ValueError(f"global batch {B} is not divisible by micro_batches*process_count={micro_batches * process_count}")
+    rows_per_micro = B // micro_batches
+    local = rows_per_micro // process_count
+    shape = (micro_batches, local, L)
+    inputs = np.full(shape, pad_id, np.int32)
+    targets = np.full(shape, pad_id, np.int32)
+    loss_mask = np.zeros(shape, bool)
+    attn_mask = np.zeros(shape, bool)
+    segment_ids = np.zeros(shape, np.int32)
+    positions = np.broadcast_to(np.arange(L, dtype=np.int32), shape).copy()
+    for m in range(micro_batches):
+        for r in range(local):
+            pieces = plan.rows[m * rows_per_micro + process_index * local + r]
+            if not pieces:
+                continue
+            ids = np.concatenate([corpus.examples[i].ids[a:b] for i, a, b in pieces])
+            flags = np.concatenate([corpus.examples[i].loss[a:b] for i, a, b in pieces])
+            seg = np.concatenate([np.full(b - a, k + 1, np.int32) for k, (i, a, b) in enumerate(pieces)])
+            n = len(ids) - 1
+            inputs[m, r, :n] = ids[:-1]
+            targets[m, r, :n] = ids[1:]
+            loss_mask[m, r, :n] = flags[1:]
+            attn_mask[m, r, :n] = True
+            segment_ids[m, r, :n] = seg[:-1]
+    return dict(inputs=inputs, targets=targets, loss_mask=loss_mask, attn_mask=attn_mask, positions=positions,
+                segment_ids=segment_ids)
+
+
+class BatchSource:
+    """Random access over the global batches of a run (grain's `MapDataset` source)."""
+
+    def __init__(self, planner: Planner, n_batches: int, **materialize_kwargs: Any):
+        self.planner, self.n_batches, self.kwargs = planner, n_batches, materialize_kwargs
+
+    def __len__(self) -> int:
+        return self.n_batches
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        return materialize(self.planner.plan(index), self.planner.corpus, **self.kwargs)
+
+
+def make_iterator(planner: Planner, n_batches: int, *, pad_id: int, micro_batches: int, process_index: int = 0,
+                  process_count: int = 1, prefetch: int = 2):
+    """A checkpointable grain iterator over this process's slices of `n_batches` global batches.
+
+    `it.get_state()` / `it.set_state(state)` save and restore the position (a small JSON-able dict).
+    """
+    source = BatchSource(planner, n_batches, pad_id=pad_id, micro_batches=micro_batches,
+                         process_index=process_index, process_count=process_count)
+    ds = grain.MapDataset.source(source)
+    opts = grain.ReadOptions(num_threads=max(1, prefetch), prefetch_buffer_size=prefetch)
+    return iter(ds.to_iter_dataset(opts))
+
+
+def eval_batches(corpus: Corpus, *, seq_len: int, batch: int, pad_id: int, buckets: Sequence[int] = (),
+                 process_index: int = 0, process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
+    """Every held-out example once, in file order, padded (the last batch is filled with empty rows)."""
+    planner = Planner(corpus, seq_len=seq_len, global_batch=batch, packing="pad", seed=0, shuffle=False,
+                      buckets=buckets, drop_last=False)
+    for k in range(planner.batches_per_epoch):
+        yield materialize(planner.plan(k), corpus, pad_id=pad_id, micro_batches=1,
+                          process_index=process_index, process_count=process_count)
