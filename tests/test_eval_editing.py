@@ -1,0 +1,67 @@
+"""Table 3 scoring rule, prompt layout, and an end-to-end run with a tiny random model."""
+
+import dataclasses
+
+import pytest
+from flax import nnx
+
+from memllm_jax import protocol
+from memllm_jax.config import TINY
+from memllm_jax.eval import editing
+from memllm_jax.eval.editing import (EditRecord, ZSRE_SHOTS, _score, build_prompt_ids, extract_answer, load_zsre,
+                                     normalize_answer)
+from memllm_jax.model.mistral import Mistral
+from tests.eval_fakes import CharTokenizer
+
+
+def test_normalisation_and_answer_extraction():
+    assert normalize_answer("  The University of Michigan. ") == "university of michigan"
+    assert extract_answer("\nA: Naples\nQ: next") == "Naples"
+    assert extract_answer("") == ""
+
+
+def test_scoring_rule():
+    recs = [EditRecord("q1?", "r1?", "Naples", "l1?"), EditRecord("q2?", "r2?", "Rome", "l2?")]
+    res = _score(recs, ["naples", "Milan"], ["The Naples", "rome"], ["x", "y"], ["x", "z"], [[], []], "sequential")
+    assert (res.rel, res.gen, res.loc) == (0.5, 1.0, 0.5)
+    assert res.avg == pytest.approx((0.5 + 1.0 + 0.5) / 3)
+
+
+def test_prompt_has_one_full_read_shot_and_a_forced_read():
+    tok = CharTokenizer()
+    ids = build_prompt_ids(tok, ZSRE_SHOTS, "Where was Ann born?")
+    mr, end = tok.marker_id[protocol.MEM_READ], tok.marker_id[protocol.CALL_END]
+    assert ids[0] == tok.bos_id and ids[-1] == mr
+    assert ids.count(mr) == 2 and ids.count(end) == 1  # the fifth shot's read, then the forced one
+    text = tok.decode(ids)
+    assert "Honolulu})" in text and text.endswith("Q: Where was Ann born?" + protocol.MEM_READ)
+    assert protocol.WRITE_BRIDGE == " It is or they are "
+    assert editing.edit_sentence(EditRecord("Where?", "r", "Naples", "l")) == "Where? It is or they are Naples"
+
+
+def test_load_zsre(shared_data):
+    recs = load_zsre(shared_data / "zsre" / "zsre_dev200.json", limit=5)
+    assert len(recs) == 5 and all(r.loc.endswith("?") and not r.loc.startswith("nq question") for r in recs)
+
+
+def test_load_zsre_bad_record(tmp_path):
+    p = tmp_path / "z.json"
+    p.write_text('[{"src": "a?", "rephrase": "b?", "alt": "", "loc": "c"}]')
+    with pytest.raises(ValueError, match="record 0.*alt"):
+        load_zsre(p)
+
+
+def test_end_to_end_without_edits_keeps_locality(monkeypatch):
+    """With a write model that extracts nothing, the memory stays empty, so LOC must be exactly 1."""
+    from memllm_jax.memory.encoder import load_encoder
+
+    tok = CharTokenizer()
+    model = Mistral(dataclasses.replace(TINY, vocab_size=128, max_seq_len=512), rngs=nnx.Rngs(0))
+    monkeypatch.setattr(editing, "extract_edits", lambda *a, **k: [[] for _ in a[2]])
+    recs = [EditRecord("Who?", "Who is it?", "Ann", "Where?"), EditRecord("What?", "What is it?", "Bob", "When?")]
+    shots = (editing.Shot("A?", "B"), editing.Shot("C?", "D", (protocol.Query("C", "r", None),)))
+    res = editing.evaluate_editing(model, model, tok, load_encoder("hash:16"), recs, shots=shots, max_new_tokens=4,
+                                   batch_size=2)
+    assert set(res) == {"sequential", "single"}
+    for r in res.values():
+        assert r.loc == 1.0 and r.written_triples == 0 and 0.0 <= r.rel <= 1.0
