@@ -1,0 +1,56 @@
+"""The main job's orchestration: stage stamps and skipping, the first stages on a tiny synthetic corpus,
+tables in the paper's layout, config loading and sweeps."""
+
+import json
+
+from experiments import run
+from experiments.pipeline import Pipeline, PipelineConfig, stage_key
+from experiments.tables import plot_scaling, scaling_markdown, table2_markdown, table3_markdown
+
+
+def test_stage_keys_cover_earlier_settings():
+    a = PipelineConfig()
+    assert stage_key(a, "table2") != stage_key(PipelineConfig(rows=("row7",)), "table2")
+    assert stage_key(a, "pretrain") == stage_key(PipelineConfig(rows=("row7",)), "pretrain")  # rows do not retrain
+    assert stage_key(a, "table2") != stage_key(PipelineConfig(synth_docs=10), "table2")  # new corpus redoes everything
+
+
+def test_corpus_and_tokenizer_stages_run_and_resume(tmp_path):
+    cfg = PipelineConfig(synth_docs=40, eval_docs=5, vocab_size=400)
+    log = []
+    pipe = Pipeline(cfg, tmp_path, log.append)
+    pipe.run(("corpus", "tokenizer"))
+    assert len(json.loads((tmp_path / "data" / "eval.json").read_text())) == 5
+    for f in ("train/write.jsonl", "train/read.jsonl", "train/lm.jsonl", "eval/eval.jsonl"):
+        assert (tmp_path / "data" / f).stat().st_size > 0, f
+    docs = pipe.eval_docs()
+    assert len(docs) == 5 and sum(d.masks["target"].sum() for d in docs) > 0
+    log.clear()
+    Pipeline(cfg, tmp_path, log.append).run(("corpus", "tokenizer"))
+    assert log == ["[corpus] up to date, skipped", "[tokenizer] up to date, skipped"]
+    log.clear()
+    Pipeline(PipelineConfig(synth_docs=40, eval_docs=5, vocab_size=420), tmp_path, log.append).run(("corpus", "tokenizer"))
+    assert log[0] == "[corpus] up to date, skipped" and log[1] == "[tokenizer] running"
+
+
+def test_tables_and_plot(tmp_path):
+    res = {"baseline2": {"ppl": {"overall": 5.0, "target": 9.0, "entity": 7.0}, "stats": {"reads": 0}},
+           "row9": {"ppl": {"overall": 4.0, "target": 1.5, "entity": 3.0}, "stats": {"reads": 10, "reads_with_results": 10}}}
+    md = table2_markdown(res)
+    assert "| Baseline #2 |" in md and "| ⑨ |" in md and "4.997" in md and "1.194" in md and "paper" in md
+    assert md.index("Baseline #2") < md.index("⑨")
+    md3 = table3_markdown({"sequential": {"n_edits": 24, "rel": 0.5, "gen": 0.25, "loc": 1.0, "avg": 0.5833}})
+    assert "| MemLLM (ours, sequential) | 24 | 0.50 | 0.25 | 1.00 | 0.58 |" in md3 and "WISE (paper" in md3
+    pts = [{"distractors": 0, "triples": 10, "ppl": {"overall": 3.0, "target": 2.0, "entity": 2.5}, "target_in_results": 4}]
+    growth = [{"added": 10, "triples": 10, "entities": 12, "relations": 3, "records_per_triple": 1.5}]
+    assert "1.500" in scaling_markdown(pts, growth)
+    assert plot_scaling(pts, growth, tmp_path / "s.png").stat().st_size > 1000
+
+
+def test_configs_load_and_sweeps():
+    for name in ("default", "table2", "editing", "scaling", "redocred_cpu", "mistral7b_eval"):
+        mod = run.load_config_module(name)
+        assert isinstance(mod.get_config(), PipelineConfig)
+        assert run.sweep_points(mod)
+    points = run.sweep_points(run.load_config_module("table2"))
+    assert ("row7", ("rows=('row7',)",)) in points
