@@ -1,0 +1,21 @@
+"""`memllm eval {table2,editing,scaling} --out DIR`: rerun one evaluation of a pipeline output directory
+(the stages before it must have run, e.g. with `memllm run --out DIR`)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("what", choices=("table2", "editing", "scaling"), help="which evaluation")
+    parser.add_argument("--out", required=True, help="pipeline output directory")
+    parser.add_argument("--config", default="default", help="experiments/configs module or .py file")
+    parser.add_argument("--set", action="append", default=[], metavar="K=V", help="override a config field")
+
+
+def main(args: argparse.Namespace) -> int:
+    from experiments import run
+
+    ns = argparse.Namespace(config=args.config, out=args.out, set=args.set, sweep=False, stage=[args.what, "report"],
+                            force=True)
+    return run.main(ns)
