@@ -147,11 +147,14 @@ class ScannIndex:
         builder = scann.scann_ops_pybind.builder(db, self.k0, "dot_product")
         self.partitioned = n > self.partition_threshold
         if self.partitioned:
-            num_leaves = max(16, int(2 * math.sqrt(n)))
+            # sqrt(n) leaves of ~sqrt(n) rows; k-means and AH codebooks trained on a sample (build time)
+            num_leaves = max(16, int(math.sqrt(n)))
             to_search = max(16, int(math.ceil(self.leaves_to_search_fraction * num_leaves)))
-            builder = builder.tree(num_leaves=num_leaves, num_leaves_to_search=to_search,
-                                   training_sample_size=min(n, 250_000))
-            builder = builder.score_ah(2, anisotropic_quantization_threshold=0.2).reorder(4 * self.k0)
+            sample = min(n, 60_000)
+            builder = builder.tree(num_leaves=num_leaves, num_leaves_to_search=to_search, training_sample_size=sample,
+                                   spherical=True)
+            builder = builder.score_ah(2, anisotropic_quantization_threshold=0.2, training_sample_size=sample)
+            builder = builder.reorder(4 * self.k0)
         else:
             builder = builder.score_brute_force()
         self._searcher = builder.build()
@@ -164,8 +167,9 @@ class ScannIndex:
         pending = np.arange(len(q_QxE))
         k = min(self.k0, self.n_base)
         while len(pending):
-            idx_QxK, dist_QxK = self._searcher.search_batched_parallel(
-                q_QxE[pending], final_num_neighbors=k, pre_reorder_num_neighbors=max(4 * k, 64))
+            # small batches (decoding) search on the calling thread: no pool hand-off on a busy host
+            search = self._searcher.search_batched if len(pending) < 256 else self._searcher.search_batched_parallel
+            idx_QxK, dist_QxK = search(q_QxE[pending], final_num_neighbors=k, pre_reorder_num_neighbors=max(4 * k, 64))
             idx_QxK, dist_QxK = np.asarray(idx_QxK, np.int64), np.asarray(dist_QxK, np.float32)
             # ScaNN pads short result lists with index -1 / NaN distances (small or deleted-heavy bases).
             valid_QxK = (idx_QxK >= 0) & (dist_QxK >= tau - _PREFILTER_SLACK)
