@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from memllm_jax.config import LoraConfig
+from memllm_jax.model import init
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
 
@@ -51,8 +52,8 @@ class LoRA(nnx.Module):
         self.scale = cfg.alpha / cfg.rank
         fan_in = math.prod(in_shape)
         bound = 1.0 / math.sqrt(fan_in)
-        a = jax.random.uniform(rngs.params(), (*in_shape, cfg.rank), jnp.float32, -bound, bound)
-        self.a = nnx.LoRAParam(a.astype(param_dtype), logical_axes=(*in_axes, "lora_rank"))
+        a = init.uniform(rngs.params(), (*in_shape, cfg.rank), bound, param_dtype)
+        self.a = nnx.LoRAParam(a, logical_axes=(*in_axes, "lora_rank"))
         self.b = nnx.LoRAParam(jnp.zeros((cfg.rank, *out_shape), param_dtype), logical_axes=("lora_rank", *out_axes))
         self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs) if cfg.dropout > 0 else None
 

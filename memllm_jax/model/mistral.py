@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from memllm_jax.config import LoraConfig, ModelConfig
+from memllm_jax.model import init
 from memllm_jax.model.lora import LoRA, _contract
 from memllm_jax.sharding import constrain
 
@@ -61,8 +62,8 @@ class Linear(nnx.Module):
     ):
         self.n_in = len(in_shape)
         dtype = jnp.dtype(cfg.param_dtype)
-        kernel = std * jax.random.normal(rngs.params(), (*in_shape, *out_shape), jnp.float32)
-        self.kernel = nnx.Param(kernel.astype(dtype), logical_axes=(*in_axes, *out_axes))
+        kernel = init.normal(rngs.params(), (*in_shape, *out_shape), std, dtype)
+        self.kernel = nnx.Param(kernel, logical_axes=(*in_axes, *out_axes))
         self.lora = (
             LoRA(in_shape, out_shape, in_axes, out_axes, lora, param_dtype=dtype, rngs=lora_rngs) if lora is not None else None
         )
@@ -192,8 +193,8 @@ class Mistral(nnx.Module):
         base_key, lora_key = rngs.params(), rngs.params()
         lora_rngs = nnx.Rngs(params=lora_key, dropout=rngs.dropout())
         rngs = nnx.Rngs(params=base_key)
-        embedding = jax.random.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), jnp.float32)
-        self.embed = nnx.Param(embedding.astype(dtype), logical_axes=("vocab", "embed"))
+        embedding = init.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), 1.0, dtype)
+        self.embed = nnx.Param(embedding, logical_axes=("vocab", "embed"))
         self.layers = nnx.List([Block(cfg, lora, rngs=rngs, lora_rngs=lora_rngs) for _ in range(cfg.n_layers)])
         self.final_norm = RMSNorm(cfg)
         if cfg.tie_embeddings:
@@ -252,3 +253,4 @@ class Mistral(nnx.Module):
         if cache is not None:
             cache = KVCache(jnp.stack(new_k), jnp.stack(new_v), new_lengths_B)
         return logits_BxLxV, cache
+
