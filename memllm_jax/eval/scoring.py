@@ -38,13 +38,16 @@ class Scorer:
     def __init__(self, model: nnx.Module, mr_id: int, batch_size: int = 8, pad_id: int = 0):
         self.graphdef, self.state = nnx.split(model)
         self.mr_id, self.batch_size, self.pad_id = int(mr_id), int(batch_size), int(pad_id)
-        self.max_len = int(model.cfg.max_seq_len)
+        cfg = getattr(model, "cfg", None)
+        self.max_len = int(cfg.max_seq_len) if cfg is not None else 1 << 16
         graphdef = self.graphdef
+        make_cache = getattr(model, "make_cache", None)  # scripted test models keep their context in a cache
 
         def score(state, tokens_BxL, mask_BxL):
             m = nnx.merge(graphdef, state)
             positions_BxL = jnp.broadcast_to(jnp.arange(tokens_BxL.shape[1], dtype=jnp.int32), tokens_BxL.shape)
-            logits_BxLxV, _ = m(tokens_BxL, positions_BxL, attn_mask_BxL=mask_BxL)
+            cache = make_cache(*tokens_BxL.shape) if make_cache is not None else None
+            logits_BxLxV, _ = m(tokens_BxL, positions_BxL, attn_mask_BxL=mask_BxL, cache=cache)
             logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
             lp_next_BxL = jnp.take_along_axis(logp_BxLxV[:, :-1], tokens_BxL[:, 1:, None], axis=-1)[..., 0]
             return lp_next_BxL, logp_BxLxV[:, :-1, mr_id], jnp.argmax(logits_BxLxV[:, :-1], axis=-1)
@@ -76,7 +79,8 @@ class GreedyGenerator:
 
     def __init__(self, model: nnx.Module, batch_size: int = 8, pad_id: int = 0):
         self.graphdef, self.state = nnx.split(model)
-        self.cfg = model.cfg
+        self.cfg = getattr(model, "cfg", None)
+        self._make_cache = getattr(model, "make_cache", None)
         self.batch_size, self.pad_id = int(batch_size), int(pad_id)
         graphdef = self.graphdef
 
@@ -103,7 +107,8 @@ class GreedyGenerator:
             chunk = [list(p) for p in prefixes[start:start + self.batch_size]]
             longest = max(len(p) for p in chunk)
             L = _bucket(longest)
-            cache_len = min(_bucket(L + max_new), max(self.cfg.max_seq_len, L + max_new))
+            max_seq = self.cfg.max_seq_len if self.cfg is not None else L + max_new
+            cache_len = min(_bucket(L + max_new), max(max_seq, L + max_new))
             if longest + max_new > cache_len:
                 raise ValueError(f"prefix of {longest} tokens + {max_new} new exceeds the cache ({cache_len})")
             tokens = np.full((self.batch_size, L), self.pad_id, np.int32)
@@ -112,7 +117,10 @@ class GreedyGenerator:
                 tokens[b, :len(p)] = p
                 mask[b, :len(p)] = True
             mask[len(chunk):, 0] = True  # unused rows hold one pad token so their lengths stay valid
-            cache = init_cache(self.cfg, self.batch_size, cache_len, jnp.dtype(self.cfg.compute_dtype))
+            if self._make_cache is not None:
+                cache = self._make_cache(self.batch_size, cache_len)
+            else:
+                cache = init_cache(self.cfg, self.batch_size, cache_len, jnp.dtype(self.cfg.compute_dtype))
             nxt, cache = self._prefill(self.state, jnp.asarray(tokens), jnp.asarray(mask), cache)
             new = [[] for _ in chunk]
             done = np.zeros(len(chunk), bool)
