@@ -1,0 +1,115 @@
+"""LoRA: separate subtree, zero-init B, alpha/r scaling, dropout, targets, merge, adapter swap, training."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from memllm_jax.config import LoraConfig, ModelConfig
+from memllm_jax.model.lora import BASE_PARAMS, get_adapter, lora_modules, merge_lora, set_adapter
+from memllm_jax.model.mistral import Mistral
+
+CFG = ModelConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
+                  sliding_window=None, max_seq_len=32)
+LORA = LoraConfig(rank=4, alpha=8.0, dropout=0.0)
+TOKENS = jnp.asarray(np.random.default_rng(0).integers(0, 128, (2, 10)), jnp.int32)
+POS = jnp.broadcast_to(jnp.arange(10, dtype=jnp.int32), (2, 10))
+
+
+@nnx.jit(static_argnames="deterministic")
+def fwd(model, deterministic=True):
+    return model(TOKENS, POS, deterministic=deterministic)[0]
+
+
+def _randomise_b(model, seed):
+    rng = np.random.default_rng(seed)
+    for _, linear in lora_modules(model):
+        b = linear.lora.b[...]
+        linear.lora.b[...] = jnp.asarray(0.1 * rng.standard_normal(b.shape), b.dtype)
+
+
+def test_fresh_lora_equals_base_and_base_tree_unchanged():
+    base = Mistral(CFG, rngs=nnx.Rngs(3))
+    lora = Mistral(CFG, LORA, rngs=nnx.Rngs(3))
+    np.testing.assert_array_equal(fwd(base), fwd(lora))
+    base_state = nnx.to_flat_state(nnx.state(base, nnx.Param))
+    lora_base = nnx.to_flat_state(nnx.state(lora, BASE_PARAMS))
+    assert [p for p, _ in base_state] == [p for p, _ in lora_base]
+    for (_, a), (_, b) in zip(base_state, lora_base):
+        np.testing.assert_array_equal(a[...], b[...])
+    adapter_paths = [p for p, _ in nnx.to_flat_state(get_adapter(lora))]
+    assert adapter_paths and all("lora" in p for p in adapter_paths)
+    # 7 targets per layer + lm_head, each with a and b.
+    assert len(adapter_paths) == 2 * (7 * CFG.n_layers + 1)
+
+
+def test_scaling_matches_explicit_merged_kernel():
+    model = Mistral(CFG, LORA, rngs=nnx.Rngs(0))
+    _randomise_b(model, 1)
+    before = fwd(model)
+    q = model.layers[0].attn.q
+    a, b = np.asarray(q.lora.a[...]), np.asarray(q.lora.b[...])
+    expected = np.asarray(q.kernel[...]) + (LORA.alpha / LORA.rank) * np.einsum("dr,rnh->dnh", a, b)
+    assert np.abs(before - fwd(Mistral(CFG, LORA, rngs=nnx.Rngs(0)))).max() > 1e-3
+    merge_lora(model)
+    np.testing.assert_allclose(np.asarray(q.kernel[...]), expected, atol=1e-6)
+    np.testing.assert_allclose(fwd(model), before, atol=1e-5)
+    assert all(float(jnp.abs(m.lora.b[...]).max()) == 0 for _, m in lora_modules(model))
+
+
+def test_targets_subset_and_unknown_target():
+    model = Mistral(CFG, dataclasses.replace(LORA, targets=("q", "v", "lm_head")), rngs=nnx.Rngs(0))
+    names = {tuple(str(k) for k in path)[-1] for path, _ in lora_modules(model)}
+    assert names == {"q", "v", "lm_head"}
+    with pytest.raises(ValueError, match="targets"):
+        Mistral(CFG, dataclasses.replace(LORA, targets=("qkv",)), rngs=nnx.Rngs(0))
+
+
+def test_dropout_only_in_training_mode():
+    model = Mistral(CFG, dataclasses.replace(LORA, dropout=0.5, targets=("q", "lm_head")), rngs=nnx.Rngs(0))
+    _randomise_b(model, 2)
+    eval_a, eval_b = fwd(model), fwd(model)
+    np.testing.assert_array_equal(eval_a, eval_b)
+    train_a, train_b = fwd(model, deterministic=False), fwd(model, deterministic=False)
+    assert np.abs(train_a - eval_a).max() > 1e-4
+    assert np.abs(train_a - train_b).max() > 1e-4  # a fresh mask per call
+
+
+def test_adapter_swap_on_one_base():
+    model = Mistral(CFG, LORA, rngs=nnx.Rngs(0))
+    _randomise_b(model, 10)
+    write_adapter = jax.tree.map(jnp.copy, get_adapter(model))
+    out_write = fwd(model)
+    _randomise_b(model, 11)
+    read_adapter = jax.tree.map(jnp.copy, get_adapter(model))
+    out_read = fwd(model)
+    assert np.abs(out_write - out_read).max() > 1e-3
+    set_adapter(model, write_adapter)
+    np.testing.assert_array_equal(fwd(model), out_write)
+    set_adapter(model, read_adapter)
+    np.testing.assert_array_equal(fwd(model), out_read)
+
+
+def test_training_updates_only_lora():
+    model = Mistral(CFG, LORA, rngs=nnx.Rngs(0))
+    base_before = jax.tree.map(jnp.copy, nnx.state(model, BASE_PARAMS))
+    opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.LoRAParam)
+
+    @nnx.jit
+    def step(model, opt):
+        def loss_fn(model):
+            logits = model(TOKENS[:, :-1], POS[:, :-1], deterministic=False)[0]
+            return optax.softmax_cross_entropy_with_integer_labels(logits, TOKENS[:, 1:]).mean()
+
+        loss, grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, nnx.LoRAParam))(model)
+        opt.update(model, grads)
+        return loss
+
+    losses = [float(step(model, opt)) for _ in range(5)]
+    assert losses[-1] < losses[0]
+    for a, b in zip(jax.tree.leaves(base_before), jax.tree.leaves(nnx.state(model, BASE_PARAMS))):
+        np.testing.assert_array_equal(a, b)
