@@ -71,6 +71,15 @@ def logical_to_spec(logical: Sequence[str | None], shape: Sequence[int], mesh: M
     return PartitionSpec(*spec)
 
 
+def check_fits(cfg: ModelConfig, mesh: Mesh) -> None:
+    """Raise a ValueError naming the field when the heads do not divide the tensor axis."""
+    tensor = mesh.shape.get("tensor", 1)
+    for field in ("n_heads", "n_kv_heads"):
+        value = getattr(cfg, field)
+        if value % tensor:
+            raise ValueError(f"ModelConfig.{field}={value} is not divisible by the mesh axis tensor={tensor}")
+
+
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     """Leading (batch) axis over ("data", "fsdp"), the rest replicated."""
     return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
@@ -110,6 +119,8 @@ def abstract_model(cfg: ModelConfig, lora_cfg: LoraConfig | None = None, mesh: M
 
     from memllm_jax.model.mistral import Mistral
 
+    if mesh is not None:
+        check_fits(cfg, mesh)
     abstract = nnx.eval_shape(lambda: Mistral(cfg, lora_cfg, rngs=nnx.Rngs(seed)))
     graphdef, state = nnx.split(abstract)
     if mesh is not None:
@@ -126,6 +137,7 @@ def create_sharded_model(cfg: ModelConfig, lora_cfg: LoraConfig | None, mesh: Me
 
     from memllm_jax.model.mistral import Mistral
 
+    check_fits(cfg, mesh)
     graphdef, abstract = abstract_model(cfg, lora_cfg, None, seed)
     shardings = state_shardings(abstract, mesh)
 
