@@ -70,28 +70,49 @@ def read_jsonl(path: str) -> list[tuple[str, dict]]:
     return out
 
 
-def tokenize_record(record: dict, tok: Tokenizer, where: str) -> Example:
-    """Segments -> ids and per-token loss flags (BOS first; EOS last when `eos`)."""
+def _check_record(record: dict, where: str) -> list[dict]:
     segments = record.get("segments")
     if not isinstance(segments, list) or not segments:
         raise ValueError(f"{where}: field 'segments' must be a non-empty list")
-    ids: list[int] = [tok.bos_id]
-    flags: list[bool] = [False]
     for k, seg in enumerate(segments):
         if not isinstance(seg, dict) or not isinstance(seg.get("text"), str):
             raise ValueError(f"{where}: segments[{k}].text must be a string")
         if not isinstance(seg.get("loss"), bool):
             raise ValueError(f"{where}: segments[{k}].loss must be true or false")
-        piece = list(tok.encode(seg["text"]))
-        ids += piece
-        flags += [seg["loss"]] * len(piece)
-    eos = record.get("eos", True)
-    if not isinstance(eos, bool):
+    if not isinstance(record.get("eos", True), bool):
         raise ValueError(f"{where}: field 'eos' must be true or false")
+    return segments
+
+
+def _assemble(segments: list[dict], pieces: Sequence[Sequence[int]], eos: bool, tok: Tokenizer, where: str) -> Example:
+    ids: list[int] = [tok.bos_id]
+    flags: list[bool] = [False]
+    for seg, piece in zip(segments, pieces):
+        ids += list(piece)
+        flags += [seg["loss"]] * len(piece)
     if eos:
         ids.append(tok.eos_id)
         flags.append(bool(segments[-1]["loss"]))
     return Example(np.asarray(ids, np.int32), np.asarray(flags, bool), where)
+
+
+def tokenize_record(record: dict, tok: Tokenizer, where: str) -> Example:
+    """Segments -> ids and per-token loss flags (BOS first; EOS last when `eos`)."""
+    segments = _check_record(record, where)
+    return _assemble(segments, [tok.encode(s["text"]) for s in segments], record.get("eos", True), tok, where)
+
+
+def tokenize_records(records: Sequence[tuple[str, dict]], tok: Tokenizer) -> list[Example]:
+    """`tokenize_record` for many records, with one batched `encode_batch` call when the tokenizer has it."""
+    segs = [_check_record(r, where) for where, r in records]
+    texts = [s["text"] for ss in segs for s in ss]
+    batch = getattr(tok, "encode_batch", None)
+    encoded = batch(texts) if batch is not None and texts else [tok.encode(t) for t in texts]
+    out, k = [], 0
+    for (where, record), ss in zip(records, segs):
+        out.append(_assemble(ss, encoded[k : k + len(ss)], record.get("eos", True), tok, where))
+        k += len(ss)
+    return out
 
 
 def truncate_left(ex: Example, max_tokens: int) -> Example | None:
@@ -128,8 +149,7 @@ def load_corpus(paths: Sequence[str], tok: Tokenizer, seq_len: int, *, truncate:
     for path in paths:
         if not os.path.exists(path):
             raise FileNotFoundError(f"training data file {path} does not exist")
-        for where, record in read_jsonl(path):
-            ex = tokenize_record(record, tok, where)
+        for ex in tokenize_records(read_jsonl(path), tok):
             if truncate and len(ex.ids) > seq_len + 1:
                 cut = truncate_left(ex, seq_len + 1)
                 if cut is None:

@@ -1,0 +1,321 @@
+"""The training run: `run(cfg) -> TrainResult` (also `train(cfg) -> dict` for the pipeline).
+
+Pretraining (mode "full") and LoRA finetuning (mode "lora") share one loop: build the mesh and the model
+(random, from a `params/` directory of an earlier run, or from an HF directory), the grain batch iterator,
+the jitted step; resume from the latest checkpoint in `workdir/ckpt` (train state + iterator position);
+train with a progress bar, metrics, periodic held-out evaluation and checkpoints; stop with `NonFiniteLoss`
+(checkpoints written so far are kept) when the loss or gradient norm is NaN/Inf. At the end the trained
+parameters (full model, or the adapters only) go to `workdir/params` and the loss curves to
+`workdir/loss.png`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections import Counter
+from typing import Any
+
+import jax
+import numpy as np
+
+from memllm_jax.config import LoraConfig, MeshConfig, ModelConfig
+from memllm_jax.train import data as D
+from memllm_jax.train import step as S
+from memllm_jax.train.checkpoint import Checkpointer, load_params, save_params
+from memllm_jax.train.config import TrainConfig, validate
+from memllm_jax.train.metrics import MetricsLogger
+from memllm_jax.train.optimizer import make_optimizer, schedule
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss or the gradient norm became NaN or Inf; the run stopped without saving that state."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+    workdir: str
+    params_dir: str | None
+    """Trained parameters (`load_trained_model(workdir)` reads them); None when stopped early."""
+    checkpoint_dir: str
+    step: int
+    total_steps: int
+    train_loss: float | None
+    eval_loss: float | None
+    eval_perplexity: float | None
+    unigram_eval_loss: float | None
+    """Cross-entropy of a unigram model of the training tokens on the held-out loss tokens (a baseline)."""
+    tokens_per_s: float
+    seconds: float
+    metrics_path: str
+    plot_path: str | None
+    stopped_early: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# -------------------------------------------------------------------------------------------- helpers
+
+
+def initialize_distributed() -> None:
+    """`jax.distributed.initialize()` for multi-process launches (TPU pod slices, one process per GPU)."""
+    jax.distributed.initialize()
+
+
+def _load_tokenizer(path: str):
+    from memllm_jax.tokenizer import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+def _is_hf_dir(path: str) -> bool:
+    return os.path.exists(os.path.join(path, "config.json"))
+
+
+def build_model(cfg: TrainConfig, mesh, vocab_size: int | None = None):
+    """The model on `mesh`: random, or base weights from `cfg.init_checkpoint` (+ fresh adapters in LoRA mode)."""
+    from flax import nnx
+
+    from memllm_jax.model.lora import BASE_PARAMS
+    from memllm_jax.sharding import create_sharded_model
+
+    lora = cfg.lora if cfg.mode == "lora" else None
+    init = cfg.init_checkpoint
+    if init and _is_hf_dir(init):
+        from memllm_jax.model.hf import load_hf
+
+        with open(os.path.join(init, "config.json")) as f:
+            hf_vocab = int(json.load(f)["vocab_size"])
+        extra = max(0, (vocab_size or hf_vocab) - hf_vocab)
+        _, model = load_hf(init, mesh, lora=lora, extra_tokens=extra, seed=cfg.seed,
+                           param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype,
+                           remat=cfg.model.remat)
+        return model
+    if vocab_size is not None and vocab_size > cfg.model.vocab_size:
+        raise ValueError(f"the tokenizer has {vocab_size} ids but TrainConfig.model.vocab_size={cfg.model.vocab_size}")
+    model = create_sharded_model(cfg.model, lora, mesh, cfg.seed)
+    if init:
+        base = nnx.state(model, BASE_PARAMS)
+        nnx.update(model, load_params(init, _abstract(base)))
+    return model
+
+
+def _abstract(tree):
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None)), tree)
+
+
+def _unigram_loss(train: D.Corpus, evals: D.Corpus, vocab: int) -> float | None:
+    """Add-one-smoothed unigram cross-entropy of the held-out loss tokens."""
+    if not evals.examples:
+        return None
+    counts = Counter()
+    for e in train.examples:
+        counts.update(e.ids[1:][e.loss[1:]].tolist())
+    total = sum(counts.values()) + vocab
+    nll, n = 0.0, 0
+    for e in evals.examples:
+        for t in e.ids[1:][e.loss[1:]].tolist():
+            nll -= math.log((counts.get(t, 0) + 1) / total)
+            n += 1
+    return nll / max(n, 1)
+
+
+def _config_to_json(cfg: TrainConfig) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def config_from_json(d: dict) -> TrainConfig:
+    d = dict(d)
+    d["model"] = ModelConfig(**d["model"])
+    d["lora"] = LoraConfig(**{**d["lora"], "targets": tuple(d["lora"]["targets"])}) if d.get("lora") else None
+    d["mesh"] = MeshConfig(**d["mesh"])
+    for k in ("train_data", "eval_data", "buckets"):
+        d[k] = tuple(d.get(k) or ())
+    return TrainConfig(**d)
+
+
+def _write_json(path: str, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------------------- run
+
+
+def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
+    """Train (or resume) according to `cfg`. `stop_after=k` ends the run after step k as if it were killed
+    there (checkpoint written, no final export) - used to test resumption."""
+    validate(cfg)
+    t0 = time.perf_counter()
+    from memllm_jax.sharding import make_mesh
+
+    workdir = os.path.abspath(cfg.workdir)
+    os.makedirs(workdir, exist_ok=True)
+    pidx, pcount = jax.process_index(), jax.process_count()
+    mesh = make_mesh(cfg.mesh)
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    rows = cfg.global_batch // cfg.micro_batches
+    if rows % dp or rows % pcount:
+        raise ValueError(f"TrainConfig.global_batch/micro_batches={rows} is not divisible by data*fsdp={dp} "
+                         f"and the process count {pcount}")
+
+    tok = _load_tokenizer(cfg.tokenizer)
+    corpus = D.load_corpus(cfg.train_data, tok, cfg.seq_len)
+    if cfg.eval_data:
+        eval_corpus = D.load_corpus(cfg.eval_data, tok, cfg.seq_len)
+    elif cfg.eval_fraction > 0:
+        corpus, eval_corpus = D.split_heldout(corpus, cfg.eval_fraction, cfg.data_seed)
+    else:
+        eval_corpus = D.Corpus([], 0, 0)
+    if cfg.eval_max_examples is not None:
+        eval_corpus = D.Corpus(eval_corpus.examples[: cfg.eval_max_examples], 0, 0)
+    planner = D.Planner(corpus, seq_len=cfg.seq_len, global_batch=cfg.global_batch, packing=cfg.packing,
+                        seed=cfg.data_seed, buckets=cfg.buckets)
+    total = cfg.steps if cfg.steps is not None else max(1, math.ceil(cfg.epochs * planner.batches_per_epoch))
+
+    model = build_model(cfg, mesh, getattr(tok, "vocab_size", None))
+    split = S.split_model(model, cfg.mode)
+    del model
+    tx = make_optimizer(cfg, total)
+    shardings = S.train_state_shardings(split, tx, mesh)
+    state = S.init_train_state(split, tx, shardings)
+    train_step = S.make_train_step(split, tx, mesh, shardings, schedule(cfg, total))
+    eval_step = S.make_eval_step(split, mesh, shardings)
+
+    ckpt = Checkpointer(os.path.join(workdir, "ckpt"), keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
+    iterator = D.make_iterator(planner, total, pad_id=tok.pad_id, micro_batches=cfg.micro_batches,
+                               process_index=pidx, process_count=pcount)
+    start = 0
+    if cfg.resume and ckpt.latest_step() is not None:
+        state, data_state = ckpt.restore(_abstract(state))
+        start = int(jax.device_get(state.step))
+        if data_state:
+            iterator.set_state(data_state)
+    if pidx == 0:
+        _write_json(os.path.join(workdir, "train_config.json"), _config_to_json(cfg))
+    n_trained = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
+    logger = MetricsLogger(workdir, total_steps=total, start_step=start, progress=cfg.progress, name=cfg.name)
+    logger.write(
+        f"{cfg.name}: {cfg.mode} mode, {n_trained:,} trained parameters, {len(corpus.examples)} train / "
+        f"{len(eval_corpus.examples)} held-out examples ({corpus.truncated} truncated, {corpus.dropped} dropped), "
+        f"{planner.batches_per_epoch} batches/epoch, steps {start}->{total}, mesh {dict(mesh.shape)}"
+    )
+
+    eval_rows = max(dp, (cfg.eval_batch // dp) * dp)
+
+    def evaluate() -> dict[str, float] | None:
+        if not eval_corpus.examples:
+            return None
+        loss_sum = n = 0.0
+        for local in D.eval_batches(eval_corpus, seq_len=cfg.seq_len, batch=eval_rows, pad_id=tok.pad_id,
+                                    buckets=cfg.buckets, process_index=pidx, process_count=pcount):
+            local = {k: v[0] for k, v in local.items()}
+            s, c = eval_step(state.params, state.rngs, split.frozen, S.to_global(local, mesh, micro=False))
+            loss_sum += float(s)
+            n += float(c)
+        loss = loss_sum / max(n, 1.0)
+        return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)), "loss_tokens": n}
+
+    last_metrics: dict[str, float] = {}
+    last_eval = None
+    stopped = False
+    try:
+        for step in range(start, total):
+            local = next(iterator)
+            state, m = train_step(state, split.frozen, S.to_global(local, mesh))
+            m = {k: float(v) for k, v in jax.device_get(m).items()}
+            done = step + 1
+            if not (math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"])):
+                ckpt.wait()
+                good = ckpt.latest_step()
+                raise NonFiniteLoss(
+                    f"{cfg.name}: non-finite training loss at step {done} (loss={m['loss']}, grad_norm="
+                    f"{m['grad_norm']}); stopped without saving that state. Last good checkpoint: "
+                    + (f"step {good} in {ckpt.directory}" if good is not None else "none")
+                    + ". Try a lower TrainConfig.lr, more warmup_steps, or clip_norm."
+                )
+            last_metrics = m
+            logger.count_tokens(int(local["attn_mask"].sum()) * pcount)
+            logger.step(done, m, write=done % cfg.log_every == 0 or done == total)
+            if cfg.eval_every and done % cfg.eval_every == 0 and done != total:
+                last_eval = evaluate()
+                if last_eval:
+                    logger.log(done, last_eval, kind="eval")
+            if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or (stop_after is not None and done >= stop_after):
+                ckpt.save(done, state, iterator.get_state())
+            if stop_after is not None and done >= stop_after:
+                stopped = True
+                break
+        params_dir = plot_path = None
+        if not stopped:
+            last_eval = evaluate()
+            if last_eval:
+                logger.log(total, last_eval, kind="eval")
+            if total not in ckpt.all_steps():
+                ckpt.save(total, state, iterator.get_state())
+            params_dir = save_params(os.path.join(workdir, "params"), state.params)
+            if pidx == 0:
+                from memllm_jax.train.plots import plot_loss
+
+                plot_path = plot_loss([logger.path], os.path.join(workdir, "loss.png"), labels=[cfg.name])
+        ckpt.wait()
+    finally:
+        logger.close()
+        ckpt.close()
+    unigram = _unigram_loss(corpus, eval_corpus, getattr(tok, "vocab_size", cfg.model.vocab_size))
+    result = TrainResult(
+        workdir=workdir, params_dir=params_dir, checkpoint_dir=ckpt.directory, step=int(jax.device_get(state.step)),
+        total_steps=total, train_loss=last_metrics.get("loss"), eval_loss=last_eval["loss"] if last_eval else None,
+        eval_perplexity=last_eval["perplexity"] if last_eval else None, unigram_eval_loss=unigram,
+        tokens_per_s=logger.tokens_per_s, seconds=time.perf_counter() - t0, metrics_path=logger.path,
+        plot_path=plot_path, stopped_early=stopped,
+    )
+    if pidx == 0 and not stopped:
+        _write_json(os.path.join(workdir, "result.json"), result.to_dict())
+    logger.write(
+        f"{cfg.name}: done at step {result.step}/{total} in {result.seconds:.0f}s; train loss {result.train_loss}, "
+        f"eval loss {result.eval_loss} (unigram baseline {unigram})"
+    )
+    return result
+
+
+def train(cfg: TrainConfig) -> dict[str, Any]:
+    """`run(cfg)` as a JSON-able dict (the experiments pipeline's entry point)."""
+    return run(cfg).to_dict()
+
+
+def load_trained_model(workdir: str, *, mesh=None, merge: bool = True):
+    """The model a finished run in `workdir` produced: the trained full model, or base + adapter.
+
+    With `merge` (default) a LoRA run's adapter is folded into the base and a plain model (no adapter
+    modules) is returned; otherwise the model keeps its `lora` submodules with the trained adapter.
+    """
+    from flax import nnx
+
+    from memllm_jax.model.lora import BASE_PARAMS, merge_lora
+    from memllm_jax.sharding import create_sharded_model, make_mesh
+
+    with open(os.path.join(workdir, "train_config.json")) as f:
+        cfg = config_from_json(json.load(f))
+    params_dir = os.path.join(workdir, "params")
+    if not os.path.isdir(params_dir):
+        raise FileNotFoundError(f"{params_dir} does not exist (the run in {workdir} has not finished)")
+    mesh = mesh if mesh is not None else make_mesh(MeshConfig(), jax.devices()[:1])
+    cfg = dataclasses.replace(cfg, mesh=MeshConfig(*mesh.devices.shape))
+    vocab = _load_tokenizer(cfg.tokenizer).vocab_size if cfg.init_checkpoint and _is_hf_dir(cfg.init_checkpoint) else None
+    model = build_model(cfg, mesh, vocab)
+    trained = nnx.state(model, S.trainable_filter(cfg.mode))
+    nnx.update(model, load_params(params_dir, _abstract(trained)))
+    if cfg.mode != "lora" or not merge:
+        return model
+    merge_lora(model)
+    base = nnx.state(model, BASE_PARAMS)
+    plain = create_sharded_model(model.cfg, None, mesh, cfg.seed)
+    nnx.update(plain, base)
+    return plain
