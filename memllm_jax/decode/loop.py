@@ -120,6 +120,12 @@ def read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec) -> st.Decode
     return jax.lax.while_loop(cond, body, (jnp.int32(0), s))[1]
 
 
+def vocab_size(model: Any, tokenizer: Any) -> int:
+    """Rows of the model's LM head (may exceed the tokenizer's ids)."""
+    cfg = getattr(model, "cfg", None)
+    return int(cfg.vocab_size) if cfg is not None else int(getattr(model, "vocab_size", tokenizer.vocab_size))
+
+
 def split_model(model: Any) -> tuple[Any, Any]:
     """`(graphdef, params)` for the jitted functions."""
     return nnx.split(model)

@@ -20,7 +20,7 @@ import numpy as np
 
 from memllm_jax import protocol
 from memllm_jax.decode import state as st
-from memllm_jax.decode.loop import LoopSpec, host, prefill, read_chunk, split_model
+from memllm_jax.decode.loop import LoopSpec, host, prefill, read_chunk, split_model, vocab_size
 from memllm_jax.decode.sampling import GREEDY, SamplingConfig
 
 
@@ -102,6 +102,7 @@ class ReadController:
                  trace: bool = False):
         self.tok, self.memory = tokenizer, memory
         self.graphdef, self.params = split_model(model)
+        self.vocab = vocab_size(model, tokenizer)
         ids = tokenizer.marker_id
         self.open_id, self.end_id = ids[protocol.MEM_READ], ids[protocol.READ_END]
         self.close_id = ids[protocol.CALL_END]
@@ -127,7 +128,7 @@ class ReadController:
             if len(r.ctx) >= self.max_len:
                 raise ValueError(f"generate: prompt of {len(r.ctx)} tokens does not fit max_len={self.max_len}")
         cache = init_cache(B, self.max_len)
-        V = self.tok.vocab_size
+        V = self.vocab
         cache, logits = prefill(self.graphdef, self.params, cache, jnp.zeros((B, V), jnp.float32),
                                 [r.ctx for r in rows], self.spec.pad_id)
         status = np.full(B, st.RUNNING, np.int32)

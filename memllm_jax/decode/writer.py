@@ -22,7 +22,7 @@ from flax import nnx
 
 from memllm_jax import protocol
 from memllm_jax.decode import state as st
-from memllm_jax.decode.loop import bucket, host, prefill, split_model
+from memllm_jax.decode.loop import bucket, host, prefill, split_model, vocab_size
 
 PATIENCE = 5
 """K in Appendix A."""
@@ -96,7 +96,8 @@ def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_
         from memllm_jax.model.mistral import init_cache
 
         make_cache = functools.partial(init_cache, model.cfg)
-    cache, logits = prefill(graphdef, params, make_cache(Bp, max_len), jnp.zeros((Bp, tokenizer.vocab_size)), rows)
+    cache, logits = prefill(graphdef, params, make_cache(Bp, max_len),
+                            jnp.zeros((Bp, vocab_size(model, tokenizer))), rows)
     status = np.full(Bp, st.RUNNING, np.int32)
     status[B:] = st.IDLE
     s = st.WriteState(

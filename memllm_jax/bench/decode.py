@@ -1,0 +1,212 @@
+"""`memllm bench decode`: memory-read generation and memory writes on the same tiny weights.
+
+(a) Read generation, tokens/s: our batched jitted loop (batch 1 and batch 16, answers prefilled into the
+    KV cache, removed calls rewound) vs the original algorithm: HF transformers torch `generate` at
+    batch 1 with a stopping criterion at `)-->` and at a new `({MEM_READ(`, re-encoding the whole context
+    after every memory call. The torch model is built from our weights (`save_hf`), and both produce the
+    same tokens (checked).
+(b) Memory writes, sentences/s: batched late-stopping decoding vs one sentence at a time.
+
+The weights are a real Mistral whose embedding / LM head are set so that greedy decoding follows a fixed
+word-level script with a memory read every ~20 tokens (attention and MLP are computed as usual; their
+outputs are scaled down so they perturb but do not override the script). Every contender is timed
+interleaved in the same run (bench/timing.py); figures are medians with the half inter-quartile spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+import time
+
+import numpy as np
+
+from memllm_jax import protocol
+
+WORDS = [f" w{i}" for i in range(24)]
+READ_SCRIPT = WORDS[:14] + [protocol.MEM_READ, "Rome>>", "capital of>>", protocol.READ_END, "Italy",
+                            protocol.CALL_END] + WORDS[14:20]
+WRITE_SCRIPT = ["Ada>>", "born in>>", "London", protocol.CALL_END]
+
+
+def build(cfg_kwargs: dict, seed: int = 0):
+    """(model, tokenizer, memory) with a scripted-by-weights Mistral."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from memllm_jax.config import ModelConfig
+    from memllm_jax.decode.stubs import CharTokenizer
+    from memllm_jax.model.mistral import Mistral
+
+    extra = WORDS + ["Rome>>", "capital of>>", "Italy", "Ada>>", "born in>>", "London", "USER"]
+    tok = CharTokenizer(extra=extra)
+    cfg = ModelConfig(vocab_size=max(256, tok.vocab_size), sliding_window=None, **cfg_kwargs)
+    model = Mistral(cfg, rngs=nnx.Rngs(seed))
+    rng = np.random.default_rng(seed)
+    D, V = cfg.d_model, cfg.vocab_size
+    emb = rng.normal(size=(V, D)).astype(np.float32)
+    unit = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+    W = 0.02 * rng.normal(size=(D, V)).astype(np.float32)
+    alpha = 16.0 / np.sqrt(D)
+
+    def link(a: str, b: str, weight: float = 1.0):
+        W[:, tok.encode(b)[0]] += weight * alpha * unit[tok.encode(a)[0]]
+
+    cycle = READ_SCRIPT + [READ_SCRIPT[0]]
+    for a, b in zip(cycle, cycle[1:]):
+        if a != protocol.READ_END:  # the memory answers after `)-->`
+            link(a, b)
+    write = [protocol.MEM_WRITE] + WRITE_SCRIPT
+    for a, b in zip(write, write[1:]):
+        link(a, b)
+    link("London", ";", 0.6)  # late stopping continues with the runner-up ";"
+    link(";", "Ada>>")
+    model.embed[...] = jnp.asarray(emb)
+    model.lm_head.kernel[...] = jnp.asarray(W)
+    for block in model.layers:
+        block.attn.o.kernel[...] = block.attn.o.kernel[...] * 0.05
+        block.mlp.down.kernel[...] = block.mlp.down.kernel[...] * 0.05
+    return model, tok
+
+
+class _Result:
+    def __init__(self, entities):
+        self.entities, self.too_large, self.scores = entities, False, [1.0] * len(entities)
+
+
+class DictMemory:
+    """Exact-match memory (the memory's own speed is benchmarked by `memllm bench memory`)."""
+
+    def __init__(self, facts):
+        self.facts = facts
+
+    def query(self, queries):
+        return [_Result(list(self.facts.get((q.subject, q.relation, q.object), []))) for q in queries]
+
+
+def torch_original(hf_model, tok, memory, prompt_ids, max_new_tokens):
+    """The original algorithm: HF generate at batch 1, stop at `)-->` / a new `({MEM_READ(`, run the
+    memory, edit the context, re-encode it all with the next `generate` call."""
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    open_id, end_id = tok.marker_id[protocol.MEM_READ], tok.marker_id[protocol.READ_END]
+    close_id = tok.marker_id[protocol.CALL_END]
+
+    class Stop(StoppingCriteria):
+        def __init__(self, stop_on_open):
+            self.stop_ids = {end_id} | ({open_id} if stop_on_open else set())
+
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.tensor([int(input_ids[0, -1]) in self.stop_ids])
+
+    ctx, n_prompt, generated = list(prompt_ids), len(prompt_ids), 0
+    active, call_start = None, None
+    while generated < max_new_tokens:
+        with torch.no_grad():
+            out = hf_model.generate(torch.tensor([ctx]), attention_mask=torch.ones(1, len(ctx), dtype=torch.long),
+                                    max_new_tokens=max_new_tokens - generated, do_sample=False,
+                                    stopping_criteria=StoppingCriteriaList([Stop(active is not None)]),
+                                    pad_token_id=tok.eos_id, eos_token_id=tok.eos_id)
+        new = out[0, len(ctx):].tolist()
+        generated += len(new)
+        ctx += new
+        if not new or new[-1] == tok.eos_id:
+            break
+        if new[-1] == open_id and active is not None:
+            s, e = active
+            ctx, active = ctx[:s] + ctx[e:], None
+            call_start = len(ctx) - 1
+        elif new[-1] == end_id:
+            call_start = max(i for i, t in enumerate(ctx) if t == open_id)
+            parsed = protocol.parse_read_call(tok.decode(ctx[call_start:]))
+            ents = [e for r in memory.query(list(parsed.items)) for e in r.entities] if parsed.ok else []
+            if ents:
+                ctx += tok.encode(protocol.format_read_result(ents))
+                active = (call_start, len(ctx))
+            else:
+                ctx = ctx[:call_start]
+    del close_id
+    return ctx[n_prompt:], generated
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sentences", type=int, default=32, help="sentences in the write benchmark")
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import MistralForCausalLM
+
+    from memllm_jax.bench.timing import interleaved, markdown_table
+    from memllm_jax.decode.reader import encode_prompt, generate_with_memory
+    from memllm_jax.decode.writer import decode_writes, iter_write_prompts, WriteDocument
+    from memllm_jax.model.hf import save_hf
+
+    D = args.d_model
+    model, tok = build(dict(d_model=D, n_layers=args.layers, n_heads=8, n_kv_heads=4, head_dim=D // 8,
+                            d_ff=3 * D, max_seq_len=1024))
+    memory = DictMemory({("Rome", "capital of", None): ["Italy"]})
+    with tempfile.TemporaryDirectory() as d:
+        save_hf(model, d)
+        hf_model = MistralForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    starts = [WORDS[i % 14] for i in range(args.batch)]
+    prompts = [[tok.bos_id] + tok.encode("x" * (i % 5) + "".join(WORDS[j] for j in range(i % 14 + 1)))
+               for i in range(args.batch)]
+    del starts
+    N = args.max_new_tokens
+    counts = {}
+
+    def ours(batch):
+        def run():
+            res = generate_with_memory(model, tok, memory, prompts[:batch], N, batch_size=batch, chunk=32)
+            counts[f"ours_b{batch}"] = (sum(r.n_generated for r in res), res)
+        return run
+
+    def original():
+        total, outs = 0, []
+        for p in prompts[:1]:
+            ids, n = torch_original(hf_model, tok, memory, p, N)
+            total += n
+            outs.append(ids)
+        counts["original"] = (total, outs)
+
+    # (b) writes
+    sentences = [f"Ada was born in London in year {1800 + i}." + " more" * (i % 4) for i in range(args.sentences)]
+    doc = WriteDocument.from_sentences("d", sentences)
+    write_prompts = [ids for _, ids in iter_write_prompts(doc, tok, pretext_sentences=2)]
+
+    def writes_batched():
+        counts["w_batched"] = decode_writes(model, tok, write_prompts, max_new_tokens=48, pad_to=args.batch)
+
+    def writes_sequential():
+        counts["w_seq"] = [decode_writes(model, tok, [p], max_new_tokens=48)[0] for p in write_prompts]
+
+    t = interleaved({"ours batch 1": ours(1), f"ours batch {args.batch}": ours(args.batch), "original (torch)": original},
+                    repeats=args.repeats)
+    w = interleaved({"writes batched": writes_batched, "writes sequential": writes_sequential}, repeats=args.repeats)
+
+    same = counts["ours_b1"][1][0].token_ids == counts["original"][1][0]
+    calls = counts[f"ours_b{args.batch}"][1][0].calls
+    base = counts["original"][0] / t["original (torch)"].median
+    rows = []
+    for name, key in (("original (torch)", "original"), ("ours batch 1", "ours_b1"), (f"ours batch {args.batch}", f"ours_b{args.batch}")):
+        tps = counts[key][0] / t[name].median
+        rows.append([f"read: {name}", f"{tps:,.0f} tokens/s", f"±{t[name].spread:.0%}", f"{tps / base:.1f}x"])
+    wb = len(write_prompts) / w["writes batched"].median
+    ws = len(write_prompts) / w["writes sequential"].median
+    rows.append(["write: one sentence at a time", f"{ws:,.1f} sentences/s", f"±{w['writes sequential'].spread:.0%}", "1.0x"])
+    rows.append([f"write: batched ({args.batch})", f"{wb:,.1f} sentences/s", f"±{w['writes batched'].spread:.0%}", f"{wb / ws:.1f}x"])
+    same_w = [o["ids"] for o in counts["w_batched"]] == [o["ids"] for o in counts["w_seq"]]
+    print(f"model: d_model={D}, layers={args.layers}; {N} new tokens per sequence; "
+          f"calls per sequence (ours b{args.batch}, row 0): {len(calls)}; "
+          f"ours == original tokens: {same}; batched writes == sequential: {same_w}; "
+          f"mean write cut points: {np.mean([o['n_cuts'] for o in counts['w_batched']]):.1f}")
+    print(markdown_table(["contender", "throughput", "spread", "vs baseline"], rows))
+    return 0
