@@ -22,7 +22,7 @@ from flax import nnx
 
 from memllm_jax import protocol
 from memllm_jax.decode import state as st
-from memllm_jax.decode.loop import bucket, host, prefill, split_model, vocab_size
+from memllm_jax.decode.loop import host, prefill, split_model, vocab_size
 
 PATIENCE = 5
 """K in Appendix A."""
@@ -89,7 +89,7 @@ def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_
     B = len(prompt_ids)
     rows = [list(p) for p in prompt_ids] + [[tokenizer.bos_id]] * max(0, (pad_to or B) - B)
     Bp = len(rows)
-    max_len = bucket(max(len(p) for p in rows) + max_new_tokens + 1)
+    max_len = -(-(max(len(p) for p in rows) + max_new_tokens + 1) // 64) * 64  # few distinct cache sizes
     if make_cache is None and hasattr(model, "make_cache"):
         make_cache = model.make_cache
     elif make_cache is None:
