@@ -26,7 +26,8 @@ def test_generate_command_end_to_end(tmp_path, capsys):
 
     texts = [protocol.escape_text("Paris is the capital of France. Rome is in Italy.")] * 20
     tok = train_tokenizer(texts, 300, tmp_path / "m")
-    model = Mistral(dataclasses.replace(TINY, vocab_size=tok.vocab_size), rngs=nnx.Rngs(0))
+    cfg = dataclasses.replace(TINY, vocab_size=tok.vocab_size, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64)
+    model = Mistral(cfg, rngs=nnx.Rngs(0))
     save_hf(model, tmp_path / "m")
     assert main(["generate", "--model", str(tmp_path / "m"), "Paris is", "({MEM_READ(x>>r>>)-->",
                  "--max-new-tokens", "6", "--show-memory"]) == 0
