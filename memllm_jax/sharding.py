@@ -162,3 +162,28 @@ def param_bytes(cfg: ModelConfig, lora_cfg: LoraConfig | None, mesh: Mesh) -> tu
         shard = sharding.shard_shape(var.shape)
         per_device += math.prod(shard) * var.dtype.itemsize
     return total, per_device
+
+
+def materialize(graphdef, state, seed: int = 0):
+    """Merge `graphdef` with `state`, initialising every leaf that is still a `jax.ShapeDtypeStruct` (LoRA
+    adapters, dropout RNG state, ...) fresh inside one jit, into the sharding the struct carries."""
+    from flax import nnx
+
+    from memllm_jax.model.mistral import Mistral
+
+    flat = nnx.to_flat_state(state)
+    todo = [(path, var) for path, var in flat if isinstance(var.get_value(), jax.ShapeDtypeStruct)]
+    if todo:
+        model = nnx.merge(graphdef, state)
+        cfg, lora_cfg = model.cfg, model.lora_cfg
+        paths = [path for path, _ in todo]
+        out_shardings = [var.get_value().sharding for _, var in todo]
+
+        def init():
+            fresh = dict(nnx.to_flat_state(nnx.state(Mistral(cfg, lora_cfg, rngs=nnx.Rngs(seed)))))
+            return [fresh[p].get_value() for p in paths]
+
+        values = jax.jit(init, out_shardings=out_shardings)()
+        for (_, var), value in zip(todo, values):
+            var.set_value(value)
+    return nnx.merge(graphdef, state)

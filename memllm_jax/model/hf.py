@@ -191,7 +191,7 @@ def load_hf(
     `extra_tokens` appends that many embedding / LM-head rows initialised to the mean row (for added special
     tokens). `config_overrides` replace ModelConfig fields (e.g. `param_dtype="bfloat16"`).
     """
-    from memllm_jax.sharding import abstract_model, state_shardings
+    from memllm_jax.sharding import abstract_model, materialize, state_shardings
 
     directory = pathlib.Path(directory)
     config_path = directory / "config.json"
@@ -238,36 +238,12 @@ def load_hf(
         parent = _get_path(state, entry.ours[:-1])
         parent[entry.ours[-1]] = jax.device_put(array, _get_path(sh, entry.ours))
     # Everything not in the HF file (LoRA adapters, RNG state) is initialised fresh, into its sharding.
-    _init_rest(state, sh, cfg, lora, seed)
-    nnx.replace_by_pure_dict(abstract, state)
-    return cfg, nnx.merge(graphdef, abstract)
-
-
-def _init_rest(state: dict, shardings: dict, cfg, lora, seed) -> None:
-    from memllm_jax.model.mistral import Mistral
-
-    def missing(tree):
-        return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree))
-
-    if not missing(state):
-        return
-
-    def init():
-        fresh = nnx.to_pure_dict(nnx.state(Mistral(cfg, lora, rngs=nnx.Rngs(seed))))
-        # Keep only what the HF file did not provide (None leaves are dropped by jit outputs).
-        return jax.tree.map(lambda f, s: f if isinstance(s, jax.ShapeDtypeStruct) else None, fresh, state,
-                            is_leaf=lambda x: x is None)
-
-    out_sh = jax.tree.map(lambda f, s: s if isinstance(f, jax.ShapeDtypeStruct) else None, state, shardings,
-                          is_leaf=lambda x: x is None)
-    fresh = jax.jit(init, out_shardings=out_sh)()
-
-    def fill(path, s):
-        return s if not isinstance(s, jax.ShapeDtypeStruct) else _get_path(fresh, [p.key for p in path])
-
-    filled = jax.tree_util.tree_map_with_path(fill, state)
-    state.clear()
-    state.update(filled)
+    for path, var in nnx.to_flat_state(abstract):
+        value = _get_path(state, path)
+        if isinstance(value, jax.ShapeDtypeStruct):
+            value = jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=_get_path(sh, path))
+        var.set_value(value)
+    return cfg, materialize(graphdef, abstract, seed)
 
 
 # ---- writing ------------------------------------------------------------------------------------------

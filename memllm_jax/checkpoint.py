@@ -1,0 +1,163 @@
+"""Orbax checkpoints of model parameters: base and LoRA saved as separate items, plus the configs as JSON.
+
+Layout (one Orbax `CheckpointManager` directory): `<dir>/<step>/{base,lora,config}`. Restoring reads into
+`jax.ShapeDtypeStruct`s that carry the target shardings, so a checkpoint written under one mesh restores
+directly into another.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+from typing import Any
+
+import jax
+from flax import nnx
+
+from memllm_jax.config import LoraConfig, ModelConfig
+
+BASE, LORA, CONFIG = "base", "lora", "config"
+
+
+def _manager(directory, read_only: bool = False):
+    import orbax.checkpoint as ocp
+
+    options = ocp.CheckpointManagerOptions(create=not read_only, enable_async_checkpointing=False)
+    handlers = {BASE: ocp.StandardCheckpointHandler(), LORA: ocp.StandardCheckpointHandler(),
+                CONFIG: ocp.JsonCheckpointHandler()}
+    return ocp.CheckpointManager(pathlib.Path(directory).absolute(), options=options, item_handlers=handlers)
+
+
+def _flat(state) -> dict[str, Any]:
+    return {".".join(str(k) for k in path): var.get_value() for path, var in nnx.to_flat_state(state)}
+
+
+def _split(model):
+    from memllm_jax.model.lora import BASE_PARAMS
+
+    return nnx.state(model, BASE_PARAMS), nnx.state(model, nnx.LoRAParam)
+
+
+def save_params(directory: str | os.PathLike, step: int, model, *, lora_only: bool = False) -> None:
+    """Save the base parameters (unless `lora_only`) and the LoRA parameters (if any) at `step`."""
+    import orbax.checkpoint as ocp
+
+    base, lora = _split(model)
+    lora_flat = _flat(lora)
+    if lora_only and not lora_flat:
+        raise ValueError("save_params(lora_only=True): the model has no LoRA parameters")
+    items: dict[str, Any] = {
+        CONFIG: ocp.args.JsonSave({
+            "model": dataclasses.asdict(model.cfg),
+            "lora": None if model.lora_cfg is None else dataclasses.asdict(model.lora_cfg),
+        })
+    }
+    if not lora_only:
+        items[BASE] = ocp.args.StandardSave(_flat(base))
+    if lora_flat:
+        items[LORA] = ocp.args.StandardSave(lora_flat)
+    manager = _manager(directory)
+    manager.save(step, args=ocp.args.Composite(**items), force=True)
+    manager.wait_until_finished()
+    manager.close()
+
+
+def read_configs(directory: str | os.PathLike, step: int | None = None) -> tuple[ModelConfig, LoraConfig | None, int]:
+    """`(ModelConfig, LoraConfig | None, step)` stored with a checkpoint (default: the latest step)."""
+    import orbax.checkpoint as ocp
+
+    manager = _manager(directory, read_only=True)
+    step = _resolve_step(manager, directory, step)
+    stored = manager.restore(step, args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore()}))[CONFIG]
+    manager.close()
+    lora = stored.get("lora")
+    model = dict(stored["model"])
+    return ModelConfig(**model), (None if lora is None else LoraConfig(**{**lora, "targets": tuple(lora["targets"])})), step
+
+
+def _resolve_step(manager, directory, step):
+    steps = manager.all_steps()
+    if not steps:
+        raise FileNotFoundError(f"{directory}: no Orbax checkpoint steps found")
+    if step is None:
+        return max(steps)
+    if step not in steps:
+        raise FileNotFoundError(f"{directory}: no checkpoint for step {step} (have {sorted(steps)})")
+    return step
+
+
+def _abstract(state) -> dict[str, jax.ShapeDtypeStruct]:
+    out = {}
+    for key, value in _flat(state).items():
+        out[key] = jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=getattr(value, "sharding", None))
+    return out
+
+
+def _check(directory, step, item, metadata, target) -> None:
+    where = f"{directory} (step {step}, item {item!r})"
+    missing = sorted(set(target) - set(metadata))
+    if missing:
+        raise ValueError(f"{where}: parameter {missing[0]!r} is missing ({len(missing)} missing in all)")
+    for key, abstract in target.items():
+        shape = tuple(metadata[key].shape)
+        if shape != tuple(abstract.shape):
+            raise ValueError(
+                f"{where}: parameter {key!r} has shape {shape}, the target model expects {tuple(abstract.shape)}"
+            )
+
+
+def restore_params(directory: str | os.PathLike, target, step: int | None = None):
+    """Restore into `target` and return the model.
+
+    `target` is a Mistral (restored in place; a LoRA-only checkpoint keeps its base weights) or a
+    `(graphdef, abstract_state)` pair from `sharding.abstract_model(cfg, lora, mesh)` whose
+    ShapeDtypeStructs carry the shardings to restore into.
+    """
+    import orbax.checkpoint as ocp
+
+    if isinstance(target, tuple):
+        graphdef, state = target
+        model = None
+    else:
+        model = target
+        graphdef, state = nnx.split(model)
+    manager = _manager(directory, read_only=True)
+    step = _resolve_step(manager, directory, step)
+    metadata = manager.item_metadata(step)
+    stored_items = {name for name in (BASE, LORA) if metadata.get(name) is not None}
+    if model is None:
+        base_state = state.filter(nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam)))
+        lora_state = state.filter(nnx.LoRAParam)
+    else:
+        base_state, lora_state = _split(model)
+    wanted: dict[str, dict] = {}
+    if BASE in stored_items:
+        wanted[BASE] = _abstract(base_state)
+    elif model is None:
+        raise ValueError(f"{directory} (step {step}): has no base parameters; restore it into a concrete model")
+    lora_target = _abstract(lora_state)
+    if lora_target and LORA in stored_items:  # a target without LoRA takes only the base
+        wanted[LORA] = lora_target
+    for item, target_flat in wanted.items():
+        _check(directory, step, item, metadata[item], target_flat)
+    restored = manager.restore(
+        step, args=ocp.args.Composite(**{k: ocp.args.StandardRestore(v) for k, v in wanted.items()})
+    )
+    manager.close()
+    values = {}
+    for item in wanted:
+        values.update(restored[item])
+    if model is None:
+        from memllm_jax.sharding import materialize
+
+        for path, var in nnx.to_flat_state(state):
+            key = ".".join(str(k) for k in path)
+            if key in values:
+                var.set_value(values[key])
+        return materialize(graphdef, state)
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        key = ".".join(str(k) for k in path)
+        if key in values:
+            var.set_value(values[key])
+    return model
