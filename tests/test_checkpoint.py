@@ -80,3 +80,18 @@ def test_checkpoint_of_another_shape(tmp_path):
         restore_params(tmp_path, abstract_model(CFG, None, None), step=4)
     with pytest.raises(FileNotFoundError, match="no Orbax checkpoint"):
         restore_params(tmp_path / "empty", abstract_model(CFG, None, None))
+
+
+def test_convert_cli_both_directions(tmp_path):
+    from safetensors.numpy import load_file
+
+    from memllm_jax.cli import main
+    from memllm_jax.model.testing import save_hf_mistral
+
+    save_hf_mistral(CFG, tmp_path / "hf", seed=3)
+    assert main(["convert", "hf-to-orbax", str(tmp_path / "hf"), str(tmp_path / "ckpt")]) == 0
+    assert main(["convert", "orbax-to-hf", str(tmp_path / "ckpt"), str(tmp_path / "back")]) == 0
+    a, b = load_file(tmp_path / "hf" / "model.safetensors"), load_file(tmp_path / "back" / "model.safetensors")
+    assert set(a) == set(b)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
