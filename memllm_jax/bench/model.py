@@ -1,0 +1,102 @@
+"""`memllm bench model`: forward-pass tokens/s and achieved FLOP/s of our decoder for the TINY and SMALL
+configs, next to HF transformers (torch) on the same config, weights and batch, and the machine's dense
+float32 matmul ceiling, all measured interleaved in the same run."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import tempfile
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--configs", default="tiny,small", help="comma-separated presets")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--hf-attn", default="sdpa", choices=["sdpa", "eager"], help="HF attention implementation")
+    parser.add_argument("--matmul-size", type=int, default=1024, help="side of the square matmul for the ceiling")
+
+
+def forward_flops(cfg, batch: int, length: int) -> float:
+    """Matmul FLOPs of one forward pass (attention scores and values counted over the full L x L block we
+    compute; embedding lookup not counted)."""
+    D, N, K, H, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size
+    per_token_layer = 2 * D * (N * H + 2 * K * H) + 2 * N * H * D + 3 * 2 * D * F
+    attention = 2 * 2 * N * H * length  # per token per layer: QK^T and PV over `length` keys
+    return batch * length * (cfg.n_layers * (per_token_layer + attention) + 2 * D * V)
+
+
+def main(args: argparse.Namespace) -> int:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    from flax import nnx
+
+    from memllm_jax.bench.timing import interleaved, markdown_table, ratio_row
+    from memllm_jax.config import PRESETS
+    from memllm_jax.model.hf import load_hf
+    from memllm_jax.model.testing import hf_mistral
+
+    torch.set_grad_enabled(False)
+    n = args.matmul_size
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+    matmul = jax.jit(lambda x: x @ x)
+
+    def run_matmul():
+        matmul(a).block_until_ready()
+
+    rows = []
+    date = datetime.date.today().isoformat()
+    print(f"memllm bench model  ({date}; jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__}"
+          f" threads {torch.get_num_threads()}; batch {args.batch} x length {args.length}, float32)")
+    for name in args.configs.split(","):
+        cfg = dataclasses.replace(PRESETS[name], sliding_window=None, max_seq_len=max(args.length, 8))
+        hf = hf_mistral(cfg, seed=0)
+        hf.config._attn_implementation = args.hf_attn
+        with tempfile.TemporaryDirectory() as tmp:
+            hf.save_pretrained(tmp)
+            _, model = load_hf(tmp)
+        graphdef, state = nnx.split(model)
+        forward = jax.jit(lambda s, t, p: nnx.merge(graphdef, s)(t, p)[0])
+        rng = np.random.default_rng(1)
+        tokens = rng.integers(0, cfg.vocab_size, (args.batch, args.length)).astype(np.int32)
+        positions = np.broadcast_to(np.arange(args.length, dtype=np.int32), tokens.shape)
+        tokens_j, positions_j = jnp.asarray(tokens), jnp.asarray(positions)
+        tokens_t = torch.as_tensor(tokens, dtype=torch.long)
+        positions_t = torch.as_tensor(positions.copy(), dtype=torch.long)
+
+        def ours():
+            forward(state, tokens_j, positions_j).block_until_ready()
+
+        def peer():
+            hf(input_ids=tokens_t, position_ids=positions_t)
+
+        ours_logits = np.asarray(forward(state, tokens_j, positions_j))
+        peer_logits = hf(input_ids=tokens_t, position_ids=positions_t).logits.numpy()
+        max_diff = float(np.abs(ours_logits - peer_logits).max())
+        t = interleaved({"ours": ours, f"hf-{args.hf_attn}": peer, "matmul": run_matmul}, repeats=args.repeats)
+        flops = forward_flops(cfg, args.batch, args.length)
+        ceiling = 2 * n**3 / t["matmul"].median
+        ntok = args.batch * args.length
+        ours_t, peer_t = t["ours"], t[f"hf-{args.hf_attn}"]
+        print(f"{name}: ours vs HF: {ratio_row(ours_t, peer_t)}; max|dlogits| {max_diff:.1e}")
+        rows.append([
+            name, cfg.d_model,
+            f"{ntok / ours_t.median:,.0f} ±{ours_t.spread:.0%}",
+            f"{ntok / peer_t.median:,.0f} ±{peer_t.spread:.0%}",
+            f"{peer_t.median / ours_t.median:.2f}x",
+            f"{flops / ours_t.median / 1e9:.1f}",
+            f"{flops / peer_t.median / 1e9:.1f}",
+            f"{ceiling / 1e9:.1f}",
+            f"{flops / ours_t.median / ceiling:.0%}",
+        ])
+    print()
+    print(markdown_table(
+        ["config", "d_model", "ours tok/s", f"HF torch ({args.hf_attn}) tok/s", "ours / HF", "ours GFLOP/s",
+         "HF GFLOP/s", "matmul ceiling GFLOP/s", "ours / ceiling"],
+        rows,
+    ))
+    return 0
