@@ -60,6 +60,9 @@ class LoraConfig:
     """Dropout on the adapter input during training (paper: 0.1)."""
     targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
     """Which linear layers get an adapter: any of q, k, v, o, gate, up, down, lm_head."""
+    trainable_tokens: tuple[int, ...] = ()
+    """Token ids whose embedding rows are trained too (PEFT `trainable_token_indices`), e.g. added API
+    markers; kept as a zero-initialised delta in the adapter. Their LM-head rows adapt through the lm_head LoRA."""
 
 
 @dataclasses.dataclass(frozen=True)
