@@ -128,9 +128,9 @@ def test_forced_read_and_gold_queries():
 
 def test_batch_rows_pause_independently_with_one_memory_call_per_round():
     mem = FakeMemory({("x", "r", None): ["Paris"], ("y", "r", None): ["Rome"]})
-    scripts = ["ab({MEM_READ(x>>r>>)-->Paris})cd", "a({MEM_READ(y>>r>>)-->Rome})e",
+    scripts = ["ab({MEM_READ(x>>r>>)-->Paris})cd", "ac({MEM_READ(y>>r>>)-->Rome})e",
                "abcdefghijklmnopqrstuvwxyz", "ab({MEM_READ(z>>r>>)-->"]
-    # Both reads close within the same 8-token chunk, so they share one batched memory call.
+    # Both reads close at the same step, so they share one batched memory call.
     single = [run(scripted(s), mem)[0].text for s in scripts[:3]]
     mem.calls.clear()
     batched = run(_BatchScripts(scripts), mem, prompts=["0|", "1|", "2|"])

@@ -68,6 +68,9 @@ class LoopSpec:
     """Slots usable in the cache; a row reaching it stops with status FULL."""
     sampling: SamplingConfig = SamplingConfig()
     pad_id: int = 0
+    exit_paused: int = 1
+    """Exit once this many rows wait for the host (paused rows idle until the next exit, so a batch
+    should not wait for the whole chunk; exiting at every single pause costs a host round trip each)."""
 
 
 def _read_step(model, spec: LoopSpec, s: st.DecodeState) -> st.DecodeState:
@@ -111,7 +114,8 @@ def read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec) -> st.Decode
 
     def cond(carry):
         i, s = carry
-        return (i < spec.chunk) & jnp.any(s.status_B == st.RUNNING)
+        paused = jnp.sum((s.status_B == st.READ_PAUSE) | (s.status_B == st.OPEN_PAUSE))
+        return (i < spec.chunk) & jnp.any(s.status_B == st.RUNNING) & (paused < spec.exit_paused)
 
     def body(carry):
         i, s = carry

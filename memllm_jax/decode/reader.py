@@ -152,7 +152,7 @@ class ReadController:
             s = self._handle_pauses(s, rows)
             if not np.any(host(s.status_B) == st.RUNNING):
                 break
-            s = read_chunk(self.graphdef, self.params, s, self.spec)
+            s = read_chunk(self.graphdef, self.params, s, dataclasses.replace(self.spec, exit_paused=max(1, -(-B // 4))))
             self._collect(s, rows)
         self.last_state = s
         self.traces = [r.trace for r in rows]
@@ -233,6 +233,9 @@ class ReadController:
             if status[b] == st.RUNNING and (budget[b] <= 0 or len(r.ctx) >= self.max_len):
                 r.finish = "budget" if budget[b] <= 0 else "cache_full"
                 status[b] = st.IDLE
+                if in_call[b] and r.call_start is not None:
+                    r.calls.append(ApiCall(query_text=self.tok.decode(r.ctx[r.call_start:]), removed=True,
+                                           reason="truncated", complete=False))
         cache, logits = s.cache.replace(lengths_B=jnp.asarray(lengths)), s.logits_BxV
         if any(feed):
             cache, logits = prefill(self.graphdef, self.params, cache, logits, feed, self.spec.pad_id)
