@@ -76,12 +76,31 @@ def _is_hf_dir(path: str) -> bool:
     return os.path.exists(os.path.join(path, "config.json"))
 
 
+HOST_INIT_MAX_BYTES = 1 << 30
+"""Models smaller than this are initialised eagerly on the host (fast numpy initialisers) and then placed
+into their shardings; larger ones are initialised under `jax.jit` directly into their shardings."""
+
+
+def create_model(model_cfg: ModelConfig, lora: LoraConfig | None, mesh, seed: int):
+    """A randomly initialised model placed on `mesh` by its logical-axis shardings."""
+    from flax import nnx
+
+    from memllm_jax.model.mistral import Mistral
+    from memllm_jax.sharding import create_sharded_model, param_bytes, state_shardings
+
+    if param_bytes(model_cfg, lora, mesh)[0] > HOST_INIT_MAX_BYTES:
+        return create_sharded_model(model_cfg, lora, mesh, seed)
+    model = Mistral(model_cfg, lora, rngs=nnx.Rngs(seed))
+    graphdef, state = nnx.split(model)
+    state = jax.device_put(state, state_shardings(state, mesh))
+    return nnx.merge(graphdef, state)
+
+
 def build_model(cfg: TrainConfig, mesh, vocab_size: int | None = None):
     """The model on `mesh`: random, or base weights from `cfg.init_checkpoint` (+ fresh adapters in LoRA mode)."""
     from flax import nnx
 
     from memllm_jax.model.lora import BASE_PARAMS
-    from memllm_jax.sharding import create_sharded_model
 
     lora = cfg.lora if cfg.mode == "lora" else None
     init = cfg.init_checkpoint
@@ -97,7 +116,7 @@ def build_model(cfg: TrainConfig, mesh, vocab_size: int | None = None):
         return model
     if vocab_size is not None and vocab_size > cfg.model.vocab_size:
         raise ValueError(f"the tokenizer has {vocab_size} ids but TrainConfig.model.vocab_size={cfg.model.vocab_size}")
-    model = create_sharded_model(cfg.model, lora, mesh, cfg.seed)
+    model = create_model(cfg.model, lora, mesh, cfg.seed)
     if init:
         base = nnx.state(model, BASE_PARAMS)
         nnx.update(model, load_params(init, _abstract(base)))
@@ -299,7 +318,7 @@ def load_trained_model(workdir: str, *, mesh=None, merge: bool = True):
     from flax import nnx
 
     from memllm_jax.model.lora import BASE_PARAMS, merge_lora
-    from memllm_jax.sharding import create_sharded_model, make_mesh
+    from memllm_jax.sharding import make_mesh
 
     with open(os.path.join(workdir, "train_config.json")) as f:
         cfg = config_from_json(json.load(f))
@@ -316,6 +335,6 @@ def load_trained_model(workdir: str, *, mesh=None, merge: bool = True):
         return model
     merge_lora(model)
     base = nnx.state(model, BASE_PARAMS)
-    plain = create_sharded_model(model.cfg, None, mesh, cfg.seed)
+    plain = create_model(model.cfg, None, mesh, cfg.seed)
     nnx.update(plain, base)
     return plain

@@ -90,8 +90,11 @@ def init_train_state(split: Split, tx: optax.GradientTransformation, shardings: 
 
 
 def make_train_step(split: Split, tx: optax.GradientTransformation, mesh: Mesh, shardings: TrainState,
-                    lr_schedule: Callable | None = None):
-    """`step(state, frozen, batch) -> (state, metrics)`, jitted with shardings; `state` is donated."""
+                    lr_schedule: Callable | None = None, return_grads: bool = False):
+    """`step(state, frozen, batch) -> (state, metrics)`, jitted with shardings; `state` is donated.
+
+    `return_grads` adds the accumulated gradients to the metrics (for tests).
+    """
     graphdef = split.graphdef
 
     def step_fn(state: TrainState, frozen, batch):
@@ -122,6 +125,8 @@ def make_train_step(split: Split, tx: optax.GradientTransformation, mesh: Mesh, 
         }
         if lr_schedule is not None:
             metrics["lr"] = lr_schedule(state.step)
+        if return_grads:
+            metrics["grads"] = grads
         return TrainState(state.step + 1, params, opt_state, rngs), metrics
 
     frozen_sh = _var_shardings(split.frozen, mesh)

@@ -1,0 +1,109 @@
+"""Input pipeline: tokenized segments with an explicit loss mask, left truncation keeping the loss span,
+padding with length buckets, packing, deterministic shuffling, per-process slices, resumable iterator."""
+
+import json
+
+import numpy as np
+import pytest
+
+from memllm_jax import protocol
+from memllm_jax.train import data as D
+from train_fixtures import lm_records, make_tokenizer, write_jsonl, write_records
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    return make_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+def test_segments_to_ids_and_flags(tok):
+    rec = write_records(1)[0]
+    ex = D.tokenize_record(rec, tok, "x:1")
+    prompt, call = (tok.encode(s["text"]) for s in rec["segments"])
+    assert ex.ids.tolist() == [tok.bos_id, *prompt, *call, tok.eos_id]
+    assert ex.loss.tolist() == [False] + [False] * len(prompt) + [True] * len(call) + [True]
+    assert ex.ids[1 + len(prompt)] == tok.marker_id[protocol.MEM_WRITE]
+
+
+def test_left_truncation_keeps_loss_span(tok, tmp_path):
+    rec = {"segments": [{"text": "Ada Lovelace visited Paris. " * 20, "loss": False},
+                        {"text": "({MEM_WRITE-->Ada>>r>>Paris})", "loss": True}], "eos": True}
+    path = write_jsonl(tmp_path / "t.jsonl", [rec])
+    full = D.tokenize_record(rec, tok, "t")
+    n_loss = int(full.loss.sum())
+    corpus = D.load_corpus([path], tok, seq_len=n_loss + 5)
+    (ex,) = corpus.examples
+    assert corpus.truncated == 1 and len(ex.ids) == n_loss + 6
+    assert ex.ids[0] == tok.bos_id
+    assert ex.ids[-(n_loss):].tolist() == full.ids[-n_loss:].tolist() and ex.loss.sum() == n_loss
+    # a loss span that cannot fit is dropped, never cut
+    short = {"segments": [{"text": "Ada", "loss": False}, {"text": "Rome", "loss": True}], "eos": True}
+    mixed = D.load_corpus([path, write_jsonl(tmp_path / "ok.jsonl", [short])], tok, seq_len=n_loss - 2)
+    assert mixed.dropped == 1 and [e.where for e in mixed.examples] == [str(tmp_path / "ok.jsonl") + ":1"]
+
+
+def test_bad_records_name_file_line_and_field(tok, tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text(json.dumps(write_records(1)[0]) + "\n" + json.dumps({"segments": [{"text": "a", "loss": "yes"}]}) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: segments\[0\].loss"):
+        D.load_corpus([str(p)], tok, 64)
+    p.write_text("{not json\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1: invalid JSON"):
+        D.load_corpus([str(p)], tok, 64)
+
+
+def test_pad_batches_use_smallest_bucket_and_mask(tok, tmp_path):
+    corpus = D.load_corpus([write_jsonl(tmp_path / "w.jsonl", write_records(64))], tok, seq_len=128)
+    planner = D.Planner(corpus, seq_len=128, global_batch=8, packing="pad", seed=0)
+    for k in range(planner.batches_per_epoch):
+        plan = planner.plan(k)
+        need = max(len(corpus.examples[r[0][0]].ids) for r in plan.rows) - 1
+        assert plan.length == min(b for b in planner.buckets if b >= need)
+        b = D.materialize(plan, corpus, pad_id=tok.pad_id, micro_batches=2)
+        assert b["inputs"].shape == (2, 4, plan.length)
+        for m in range(2):
+            for r in range(4):
+                ex = corpus.examples[plan.rows[m * 4 + r][0][0]]
+                n = len(ex.ids) - 1
+                assert b["inputs"][m, r, :n].tolist() == ex.ids[:-1].tolist()
+                assert b["targets"][m, r, :n].tolist() == ex.ids[1:].tolist()
+                assert b["loss_mask"][m, r].tolist() == ex.loss[1:].tolist() + [False] * (plan.length - n)
+                assert not b["attn_mask"][m, r, n:].any()
+    # every example appears at most once per epoch; epochs are reshuffled deterministically
+    seen = [r[0][0] for k in range(planner.batches_per_epoch) for r in planner.plan(k).rows]
+    assert len(seen) == len(set(seen)) == planner.batches_per_epoch * 8
+    again = D.Planner(corpus, seq_len=128, global_batch=8, packing="pad", seed=0)
+    assert [again.plan(k) for k in range(10)] == [planner.plan(k) for k in range(10)]
+    e0 = [planner.plan(k).rows for k in range(planner.batches_per_epoch)]
+    e1 = [planner.plan(planner.batches_per_epoch + k).rows for k in range(planner.batches_per_epoch)]
+    assert e0 != e1
+
+
+def test_packing_fills_rows_with_the_token_stream(tok, tmp_path):
+    corpus = D.load_corpus([write_jsonl(tmp_path / "lm.jsonl", lm_records(50))], tok, seq_len=32)
+    planner = D.Planner(corpus, seq_len=32, global_batch=4, packing="pack", seed=1)
+    order = np.random.default_rng([1, 0]).permutation(len(corpus.examples))
+    stream = np.concatenate([corpus.examples[i].ids for i in order])
+    b = D.materialize(planner.plan(0), corpus, pad_id=tok.pad_id, micro_batches=1)
+    assert b["attn_mask"].all() and b["inputs"].shape == (1, 4, 32)
+    for r in range(4):
+        assert b["inputs"][0, r].tolist() == stream[r * 33 : r * 33 + 32].tolist()
+        assert b["targets"][0, r].tolist() == stream[r * 33 + 1 : r * 33 + 33].tolist()
+
+
+def test_process_slices_and_iterator_resume(tok, tmp_path):
+    corpus = D.load_corpus([write_jsonl(tmp_path / "w.jsonl", write_records(40))], tok, seq_len=64)
+    planner = D.Planner(corpus, seq_len=64, global_batch=8, packing="pad", seed=0)
+    whole = D.materialize(planner.plan(3), corpus, pad_id=tok.pad_id, micro_batches=2)
+    parts = [D.materialize(planner.plan(3), corpus, pad_id=tok.pad_id, micro_batches=2, process_index=p, process_count=2)
+             for p in range(2)]
+    for k in whole:
+        assert np.array_equal(np.concatenate([p[k] for p in parts], axis=1), whole[k])
+    it = D.make_iterator(planner, 12, pad_id=tok.pad_id, micro_batches=1)
+    for _ in range(5):
+        next(it)
+    state = it.get_state()
+    rest = [next(it)["inputs"] for _ in range(4)]
+    it2 = D.make_iterator(planner, 12, pad_id=tok.pad_id, micro_batches=1)
+    it2.set_state(json.loads(json.dumps(state)))
+    assert all(np.array_equal(a, next(it2)["inputs"]) for a in rest)
