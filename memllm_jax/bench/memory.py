@@ -165,7 +165,8 @@ def _dir_bytes(path: pathlib.Path) -> int:
 def run_size(n_ent: int, args) -> dict:
     from memllm_jax.config import MemoryConfig
 
-    cfg = MemoryConfig(q_thr=10**9, scann_leaves_to_search_fraction=args.leaves_fraction)
+    cfg = MemoryConfig(q_thr=10**9, scann_leaves_to_search_fraction=args.leaves_fraction,
+                       partition_threshold=args.partition_threshold)
     t0 = time.perf_counter()
     data = make_data(n_ent, args.seed, args.batches * args.batch)
     print(f"[{n_ent}] synthetic data in {time.perf_counter() - t0:.1f}s: {n_ent} entities, {len(data['rel'])} "
@@ -220,11 +221,15 @@ def run_size(n_ent: int, args) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from memllm_jax.config import MemoryConfig
+
     parser.add_argument("--sizes", default="10000,100000", help="entity counts, comma separated (e.g. 1000000)")
     parser.add_argument("--batch", type=int, default=16, help="queries per batched call")
     parser.add_argument("--batches", type=int, default=40, help="batches timed per contender")
     parser.add_argument("--k", type=int, default=100, help="neighbours the original design asks HNSW for")
     parser.add_argument("--leaves-fraction", type=float, default=0.02, help="ScaNN leaves searched (partitioned)")
+    parser.add_argument("--partition-threshold", type=int, default=MemoryConfig().partition_threshold,
+                        help="rows above which ScaNN partitions (MemoryConfig.partition_threshold)")
     parser.add_argument("--seed", type=int, default=0)
 
 
