@@ -73,7 +73,8 @@ def read_configs(directory: str | os.PathLike, step: int | None = None) -> tuple
     manager.close()
     lora = stored.get("lora")
     model = dict(stored["model"])
-    return ModelConfig(**model), (None if lora is None else LoraConfig(**{**lora, "targets": tuple(lora["targets"])})), step
+    return ModelConfig(**model), (None if lora is None else LoraConfig(**{**lora, "targets": tuple(lora["targets"]),
+                                                                 "trainable_tokens": tuple(lora.get("trainable_tokens", ()))})), step
 
 
 def _resolve_step(manager, directory, step):

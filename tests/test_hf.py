@@ -89,15 +89,17 @@ def test_peft_adapter_loaded_by_hf_peft_matches(hf_dir, tmp_path):
     from peft import PeftModel
     from transformers import MistralForCausalLM
 
-    lora = LoraConfig(rank=4, alpha=8.0, dropout=0.1)
+    lora = LoraConfig(rank=4, alpha=8.0, dropout=0.1, trainable_tokens=(125, 127))
     _, model = load_hf(hf_dir, lora=lora)
     rng = np.random.default_rng(0)
     for _, linear in lora_modules(model):
         linear.lora.b[...] = jnp.asarray(0.05 * rng.standard_normal(linear.lora.b[...].shape), jnp.float32)
+    model.token_lora.delta[...] = jnp.asarray(rng.standard_normal((2, CFG.d_model)), jnp.float32)
     save_peft_adapter(model, tmp_path / "adapter")
     base = MistralForCausalLM.from_pretrained(hf_dir, attn_implementation="eager", dtype=torch.float32)
     peft_model = PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
     tokens, positions, mask = padded_batch(rng, CFG.vocab_size, 3, 12, left_pad=3, right_pad=2)
+    tokens[:, [4, 7]] = [125, 127]  # the trainable-token rows are used
     ours = np.asarray(fwd(model, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask)))
     ref = hf_logits(peft_model, tokens, positions, mask)
     assert np.abs(ours - ref)[mask].max() <= 1e-4

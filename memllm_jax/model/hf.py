@@ -273,10 +273,13 @@ def hf_tensors(model, *, merge_lora: bool = False):
     if merge_lora:
         for path, linear in lora_modules(model):
             deltas[tuple(path) + ("kernel",)] = linear.lora.delta()
+    token_lora = getattr(model, "token_lora", None)
     for entry in param_mapping(cfg):
         value = _get_path(state, entry.ours)
         if entry.ours in deltas:
             value = (value.astype(jnp.float32) + deltas[entry.ours]).astype(value.dtype)
+        if merge_lora and entry.ours == ("embed",) and token_lora is not None:
+            value = token_lora.merged_embedding(value)
         yield entry.hf, to_hf(np.asarray(jax.device_get(value)), entry)
 
 
@@ -329,6 +332,11 @@ def save_peft_adapter(model, directory: str | os.PathLike, base_model_name_or_pa
         b = np.asarray(jax.device_get(linear.lora.b[...]))
         tensors[prefix + ".lora_A.weight"] = np.ascontiguousarray(a.reshape(-1, a.shape[-1]).T)
         tensors[prefix + ".lora_B.weight"] = np.ascontiguousarray(b.reshape(b.shape[0], -1).T)
+    token_lora = getattr(model, "token_lora", None)
+    if token_lora is not None:
+        # PEFT stores the full values of the trained rows, not a delta.
+        rows = np.asarray(jax.device_get(token_lora.merged_embedding(model.embed[...])))[list(token_lora.token_ids)]
+        tensors["base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta"] = rows
     _save_safetensors(tensors, directory / "adapter_model.safetensors")
     _atomic_write_json(directory / "adapter_config.json", {
         "peft_type": "LORA",
@@ -343,4 +351,5 @@ def save_peft_adapter(model, directory: str | os.PathLike, base_model_name_or_pa
         "inference_mode": True,
         "use_rslora": False,
         "use_dora": False,
+        "trainable_token_indices": {"embed_tokens": list(lora_cfg.trainable_tokens)} if lora_cfg.trainable_tokens else None,
     })

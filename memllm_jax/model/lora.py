@@ -70,17 +70,40 @@ class LoRA(nnx.Module):
         return _contract(a, b, 1) * self.scale
 
 
+class TokenLoRA(nnx.Module):
+    """Trainable embedding rows for chosen token ids (PEFT `trainable_token_indices`): `delta` is added to
+    the base rows, zero-initialised, so the effective row is `embed[id] + delta`."""
+
+    def __init__(self, token_ids: Sequence[int], d_model: int, *, param_dtype):
+        self.token_ids = tuple(int(t) for t in token_ids)
+        self.delta = nnx.LoRAParam(jnp.zeros((len(self.token_ids), d_model), param_dtype), logical_axes=(None, "embed"))
+
+    def __call__(self, tokens_BxL: jax.Array, x_BxLxD: jax.Array) -> jax.Array:
+        onehot_BxLxT = (tokens_BxL[..., None] == jnp.asarray(self.token_ids, tokens_BxL.dtype)).astype(x_BxLxD.dtype)
+        return x_BxLxD + jnp.einsum("BLT,TD->BLD", onehot_BxLxT, self.delta[...].astype(x_BxLxD.dtype))
+
+    def merged_embedding(self, embed_VxD: jax.Array) -> jax.Array:
+        ids = jnp.asarray(self.token_ids)
+        rows = embed_VxD[ids].astype(jnp.float32) + self.delta[...].astype(jnp.float32)
+        return embed_VxD.at[ids].set(rows.astype(embed_VxD.dtype))
+
+
 def lora_modules(model: nnx.Module) -> list[tuple[tuple, nnx.Module]]:
     """`(path, linear)` for every linear layer of `model` that carries an adapter."""
     return [(path, m) for path, m in nnx.iter_modules(model) if getattr(m, "lora", None) is not None]
 
 
 def merge_lora(model: nnx.Module) -> None:
-    """Fold every adapter into its base kernel (in place) and zero B, so the model's function is unchanged."""
+    """Fold every adapter (and trainable token rows) into the base weights in place and zero the adapter, so the
+    model's function is unchanged."""
     for _, linear in lora_modules(model):
         kernel = linear.kernel[...]
         linear.kernel[...] = (kernel.astype(jnp.float32) + linear.lora.delta()).astype(kernel.dtype)
         linear.lora.b[...] = jnp.zeros_like(linear.lora.b[...])
+    token_lora = getattr(model, "token_lora", None)
+    if token_lora is not None:
+        model.embed[...] = token_lora.merged_embedding(model.embed[...])
+        token_lora.delta[...] = jnp.zeros_like(token_lora.delta[...])
 
 
 def get_adapter(model: nnx.Module) -> nnx.State:

@@ -16,7 +16,7 @@ from flax import nnx, struct
 
 from memllm_jax.config import LoraConfig, ModelConfig
 from memllm_jax.model import init
-from memllm_jax.model.lora import LoRA, _contract
+from memllm_jax.model.lora import LoRA, TokenLoRA, _contract
 from memllm_jax.sharding import constrain
 
 NEG_INF = float(jnp.finfo(jnp.float32).min)
@@ -195,6 +195,11 @@ class Mistral(nnx.Module):
         rngs = nnx.Rngs(params=base_key)
         embedding = init.normal(rngs.params(), (cfg.vocab_size, cfg.d_model), 1.0, dtype)
         self.embed = nnx.Param(embedding, logical_axes=("vocab", "embed"))
+        trainable = () if lora is None else lora.trainable_tokens
+        bad = [t for t in trainable if not 0 <= t < cfg.vocab_size]
+        if bad:
+            raise ValueError(f"LoraConfig.trainable_tokens: ids {bad} are outside the vocabulary (0..{cfg.vocab_size - 1})")
+        self.token_lora = TokenLoRA(trainable, cfg.d_model, param_dtype=dtype) if trainable else None
         self.layers = nnx.List([Block(cfg, lora, rngs=rngs, lora_rngs=lora_rngs) for _ in range(cfg.n_layers)])
         self.final_norm = RMSNorm(cfg)
         if cfg.tie_embeddings:
@@ -221,6 +226,8 @@ class Mistral(nnx.Module):
         attn_mask_BxL = attn_mask_BxL.astype(bool)
         positions_BxL = positions_BxL.astype(jnp.int32)
         x_BxLxD = jnp.take(self.embed[...], tokens_BxL, axis=0).astype(compute)
+        if self.token_lora is not None:
+            x_BxLxD = self.token_lora(tokens_BxL, x_BxLxD)
         x_BxLxD = constrain(x_BxLxD, ("batch", "seq", "embed_act"))
         cos, sin = rope_tables(positions_BxL, cfg.head_dim, cfg.rope_theta)
 
