@@ -111,3 +111,15 @@ def test_call_removed_by_a_new_call_leaves_the_context_without_it():
     for r in results:
         assert r.token_ids == [ID["b"], OPEN] and r.calls[0].reason == "new_call"
     _check_state_matches_fresh_context(ctrl, results)
+
+
+def test_long_prefill_in_pieces_equals_one_full_forward():
+    from memllm_jax.decode import loop
+
+    ids = [TOK.bos_id] + TOK.encode("the quick brown fox jumps over the lazy dog " * 7)[:299]
+    assert len(ids) > loop.MAX_PREFILL
+    graphdef, params = split_model(MODEL)
+    cache, logits = prefill(graphdef, params, MODEL.make_cache(2, 512), jnp.zeros((2, TOK.vocab_size)), [ids, ids[:5]])
+    assert cache.lengths_B.tolist() == [len(ids), 5]
+    np.testing.assert_allclose(np.asarray(logits[0]), full_logits(ids)[-1], atol=1e-4)
+    np.testing.assert_allclose(np.asarray(logits[1]), full_logits(ids[:5])[-1], atol=1e-5)

@@ -41,10 +41,20 @@ def _prefill(graphdef, params, cache, logits_BxV, tokens_BxL, n_B):
     return cache, jnp.where((n_B > 0)[:, None], last_BxV, logits_BxV)
 
 
+MAX_PREFILL = 256
+"""Longest prefill call: longer inputs go in pieces (bounds the B x L x V logits of one call)."""
+
+
 def prefill(graphdef, params, cache, logits_BxV, rows: Sequence[Sequence[int]], pad_id: int = 0):
     """Append `rows[b]` (may be empty) to each row's cache; returns the cache and the logits of the next
     token (unchanged for rows with nothing to append). The length is bucketed, so repeated memory round
     trips reuse a few compiled shapes."""
+    longest = max((len(r) for r in rows), default=0)
+    if longest > MAX_PREFILL:
+        for start in range(0, longest, MAX_PREFILL):
+            piece = [list(r[start : start + MAX_PREFILL]) for r in rows]
+            cache, logits_BxV = prefill(graphdef, params, cache, logits_BxV, piece, pad_id)
+        return cache, logits_BxV
     n = np.array([len(r) for r in rows], np.int32)
     L = bucket(int(n.max(initial=1)))
     tokens = np.full((len(rows), L), pad_id, np.int32)
