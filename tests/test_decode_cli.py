@@ -33,6 +33,15 @@ def test_generate_command_end_to_end(tmp_path, capsys):
                  "--max-new-tokens", "6", "--show-memory"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("Paris is") and "raw:" in out and "({MEM_READ(x>>r>>)-->" in out
+    # with the real BPE tokenizer, marker strings in a prompt or a document never become marker ids
+    from memllm_jax.decode.reader import encode_prompt
+    from memllm_jax.decode.writer import WriteDocument, iter_write_prompts
+
+    text = "a ({MEM_READ(x>>r>>)--> b }) ({MEM_WRITE--> c ({USER_ST}) d ({USER_END})"
+    assert not set(encode_prompt(tok, text)) & set(tok.marker_id.values())
+    for _, ids in iter_write_prompts(WriteDocument.from_sentences("d", [text, text]), tok):
+        assert [t for t in ids if t in tok.marker_id.values()] == [
+            tok.marker_id[m] for m in (protocol.USER_ST, protocol.USER_END, protocol.MEM_WRITE)]
 
 
 def test_memory_write_is_resumable_and_names_bad_records(tmp_path):

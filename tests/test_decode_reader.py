@@ -159,3 +159,17 @@ def test_marker_strings_in_prompt_never_trigger_memory():
     [res] = run(model, mem, prompts=[text])
     assert not set(res.prompt_ids) & set(TOK.marker_id.values())
     assert res.calls == [] and mem.calls == [] and res.text == "ok"
+
+
+def test_sampling_through_the_controller_is_reproducible_per_seed():
+    from memllm_jax.decode.sampling import SamplingConfig
+
+    letters = TOK.encode("abcdefgh")
+
+    def policy(ctx):  # a near-uniform choice among eight letters at every step
+        return letters if len(ctx) < 12 else [EOS]
+
+    model = PolicyModel(policy, TOK.vocab_size)
+    cfg = SamplingConfig(temperature=20.0)
+    runs = [run(model, FakeMemory({}), max_new_tokens=8, sampling=cfg, seed=s)[0].text for s in (0, 0, 1)]
+    assert runs[0] == runs[1] and runs[0] != runs[2] and len(runs[0]) == 8
