@@ -9,15 +9,29 @@ from typing import Sequence
 
 def load_model(path: str | pathlib.Path, tokenizer: str | pathlib.Path | None = None):
     """`(model, tokenizer)` from an HF-format Mistral directory (as written by `memllm convert` /
-    `save_hf`); the tokenizer comes from `tokenizer` or the same directory."""
+    `save_hf`; tokenizer from `tokenizer` or the same directory) or from a finished training run directory
+    (`train_config.json` + `params/`; LoRA merged; tokenizer from `tokenizer` or the run's config)."""
+    import json
+
     from memllm_jax.model.hf import load_hf
     from memllm_jax.tokenizer import load_tokenizer
 
     path = pathlib.Path(path)
-    if not (path / "config.json").exists():
-        raise SystemExit(f"{path}: not a model directory (no config.json); convert a checkpoint with `memllm convert`")
-    tok = load_tokenizer(tokenizer or path)
-    cfg, model = load_hf(path)
+    if (path / "train_config.json").exists():
+        from memllm_jax.train.loop import load_trained_model
+
+        try:
+            tok_path = tokenizer or json.loads((path / "train_config.json").read_text(encoding="utf-8"))["tokenizer"]
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise SystemExit(f"{path / 'train_config.json'}: field tokenizer: unreadable ({exc})") from exc
+        model = load_trained_model(str(path))
+        tok, cfg = load_tokenizer(tok_path), model.cfg
+    elif (path / "config.json").exists():
+        tok = load_tokenizer(tokenizer or path)
+        cfg, model = load_hf(path)
+    else:
+        raise SystemExit(f"{path}: neither an HF-format model directory (config.json) nor a training run "
+                         f"(train_config.json)")
     if tok.vocab_size > cfg.vocab_size:
         raise SystemExit(f"{tokenizer or path}: tokenizer has {tok.vocab_size} ids but the model only "
                          f"{cfg.vocab_size} (config.json field vocab_size)")
