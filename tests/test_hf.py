@@ -128,3 +128,18 @@ def test_extra_tokens_rows_are_mean_rows(hf_dir):
     mask = jnp.ones((1, 4), bool)
     np.testing.assert_allclose(fwd(model, tokens, pos, mask)[..., : CFG.vocab_size], fwd(base, tokens, pos, mask),
                                atol=1e-5)
+
+
+def test_bfloat16_checkpoint_round_trip(tmp_path):
+    import torch
+
+    from memllm_jax.model.testing import hf_mistral
+
+    hf_mistral(CFG, seed=2).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    cfg, model = load_hf(tmp_path / "bf16")
+    assert cfg.param_dtype == "bfloat16" and model.embed[...].dtype == jnp.bfloat16
+    save_hf(model, tmp_path / "again")
+    original, again = _read_all(tmp_path / "bf16"), _read_all(tmp_path / "again")
+    for name in original:
+        assert again[name].dtype == original[name].dtype
+        np.testing.assert_array_equal(original[name].view(np.uint16), again[name].view(np.uint16), err_msg=name)

@@ -112,3 +112,11 @@ def test_param_bytes_mistral_7b_from_abstract_shapes():
     assert total == 4 * n_params
     norms = 4 * (2 * 32 + 1) * 4096
     assert per_device == (total - norms) // 8 + norms
+
+
+def test_model_size_command(capsys):
+    from memllm_jax.cli import main
+
+    assert main(["model-size", "--preset", "mistral_7b", "--mesh", "1,4,2"]) == 0
+    out = capsys.readouterr().out
+    assert "7,241,732,096" in out and "28,966,928,384" in out and "3,621,797,888" in out
