@@ -58,7 +58,7 @@ class Checkpointer:
 
     def save(self, step: int, state, data_state: dict | None) -> None:
         args = ocp.args.Composite(
-            state=ocp.args.StandardSave(_flatten(state)),
+            state=ocp.args.PyTreeSave(_flatten(state)),
             data=ocp.args.JsonSave(data_state or {}),
         )
         self.manager.save(step, args=args, force=True)

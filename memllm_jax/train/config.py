@@ -69,7 +69,8 @@ class TrainConfig:
     """Clip the global gradient norm to this value; None disables clipping."""
 
     eval_every: int = 0
-    """Evaluate the held-out loss every this many steps (and at the end); 0 = only at the end."""
+    """Evaluate the held-out loss every this many steps (also before the first step and at the end);
+    0 = only at the end."""
     eval_batch: int = 32
     """Rows per evaluation batch."""
     eval_max_examples: int | None = None
@@ -95,6 +96,10 @@ class TrainConfig:
     init_checkpoint: str | None = None
     """Base parameters to start from: a `memllm_jax.checkpoint` directory (e.g. the tiny base run's
     `params/`) or an HF model directory; None = random initialisation (pretraining)."""
+    compilation_cache: str | None = None
+    """Directory of JAX's persistent compilation cache, shared between runs (the memory-read adapter then
+    reuses the compiled steps of the memory-write adapter); a relative path is taken relative to the parent of
+    `workdir`; None leaves the process's setting alone."""
     progress: bool = True
     """Show a tqdm progress bar (loss, tokens/s, ETA)."""
 

@@ -66,6 +66,20 @@ def initialize_distributed() -> None:
     jax.distributed.initialize()
 
 
+def enable_compilation_cache(cfg: TrainConfig) -> str | None:
+    """Point JAX's persistent compilation cache at `cfg.compilation_cache` (every compiled step is kept)."""
+    if cfg.compilation_cache is None:
+        return None
+    path = cfg.compilation_cache
+    if not os.path.isabs(path):
+        path = os.path.join(os.path.dirname(os.path.abspath(cfg.workdir)), path)
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
 def _load_tokenizer(path: str):
     from memllm_jax.tokenizer import load_tokenizer
 
@@ -176,6 +190,7 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
 
     workdir = os.path.abspath(cfg.workdir)
     os.makedirs(workdir, exist_ok=True)
+    enable_compilation_cache(cfg)
     pidx, pcount = jax.process_index(), jax.process_count()
     mesh = make_mesh(cfg.mesh)
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -245,6 +260,10 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
     last_eval = None
     stopped = False
     try:
+        if cfg.eval_every and start == 0 and total > 0:
+            last_eval = evaluate()
+            if last_eval:
+                logger.log(0, last_eval, kind="eval")
         for step in range(start, total):
             local = next(iterator)
             state, m = train_step(state, split.frozen, S.to_global(local, mesh))
