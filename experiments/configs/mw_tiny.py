@@ -1,0 +1,43 @@
+"""The memory-write LoRA adapter on the tiny base (loss on the `({MEM_WRITE-->...})` span), ~1-2 minutes on a
+2-core CPU. Paper shape (Appendix D: r 16, alpha 8, dropout 0.1) with a CPU-sized schedule."""
+
+from memllm_jax.config import DEFAULT_TINY, LoraConfig
+from memllm_jax.train.config import TrainConfig
+
+
+def get_config() -> TrainConfig:
+    return TrainConfig(
+        name="mw_tiny",
+        model=DEFAULT_TINY,
+        mode="lora",
+        lora=LoraConfig(rank=16, alpha=8.0, dropout=0.1),
+        train_data=("runs/default/data/train/write.jsonl",),
+        tokenizer="runs/default/tokenizer",
+        eval_fraction=0.02,
+        eval_max_examples=128,
+        seq_len=256,
+        packing="pad",
+        buckets=(96, 160, 256),
+        global_batch=16,
+        steps=150,
+        epochs=None,
+        lr=3e-3,
+        warmup_steps=15,
+        schedule="cosine",
+        weight_decay=0.0,
+        clip_norm=1.0,
+        eval_every=50,
+        eval_batch=32,
+        log_every=10,
+        checkpoint_every=50,
+        workdir="runs/default/train/mw",
+        init_checkpoint="runs/default/train/pretrain/params",
+        compilation_cache=".xla_cache",
+    )
+
+
+def sweep(add) -> None:
+    for lr in (1e-3, 3e-3, 1e-2):
+        add(f"lr{lr:g}", f"lr={lr}")
+    for r in (4, 16, 64):
+        add(f"rank{r}", f"lora.rank={r}")

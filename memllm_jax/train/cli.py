@@ -1,0 +1,75 @@
+"""`memllm train --config FILE [--set a.b=c ...] [--point NAME]`: run one training config.
+
+FILE is an experiment config (`experiments/configs/NAME.py` or its module name) whose `get_config()` returns
+a `TrainConfig`; `--point` applies one named point of its `sweep(add)` first. `--distributed` calls
+`jax.distributed.initialize()` before anything touches the devices (multi-process launches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import os
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="experiment config: a .py file or experiments/configs module name")
+    parser.add_argument("--set", action="append", default=[], metavar="A.B=C", help="override a TrainConfig field")
+    parser.add_argument("--point", default=None, help="apply this named point of the config's sweep(add)")
+    parser.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() first")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+
+
+def load_config_module(spec: str):
+    if spec.endswith(".py") or os.path.sep in spec:
+        if not os.path.exists(spec):
+            raise SystemExit(f"config file {spec} does not exist")
+        mod_spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(spec))[0], spec)
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)  # type: ignore[union-attr]
+        return module
+    return importlib.import_module(f"experiments.configs.{spec}")
+
+
+def resolve_config(spec: str, assignments: list[str], point: str | None = None):
+    from memllm_jax.config import override
+    from memllm_jax.train.config import TrainConfig
+
+    module = load_config_module(spec)
+    cfg = module.get_config()
+    if not isinstance(cfg, TrainConfig):
+        raise SystemExit(f"{spec}: get_config() returned {type(cfg).__name__}, not a TrainConfig")
+    if point is not None:
+        points: dict[str, tuple[str, ...]] = {}
+        getattr(module, "sweep", lambda add: None)(lambda name, *a: points.__setitem__(str(name), a))
+        if point not in points:
+            raise SystemExit(f"{spec}: no sweep point {point!r} (have {sorted(points)})")
+        cfg = override(cfg, *points[point])
+    try:
+        return override(cfg, *assignments)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from exc
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.distributed:
+        from memllm_jax.train.loop import initialize_distributed
+
+        initialize_distributed()
+    cfg = resolve_config(args.config, args.set, args.point)
+    if args.print_config:
+        import dataclasses
+
+        print(json.dumps(dataclasses.asdict(cfg), indent=1))
+        return 0
+    from memllm_jax.train.loop import NonFiniteLoss, run
+
+    try:
+        result = run(cfg)
+    except NonFiniteLoss as exc:
+        print(f"error: {exc}")
+        return 3
+    print(json.dumps(result.to_dict(), indent=1))
+    return 0
