@@ -10,7 +10,7 @@ from flax import nnx
 
 from memllm_jax import protocol
 from memllm_jax.config import TINY
-from memllm_jax.decode.stubs import CharTokenizer, PolicyModel
+from memllm_jax.decode.scripted import CharTokenizer, PolicyModel
 from memllm_jax.memory import HashEncoder, TripleMemory
 
 from test_decode_writer import write_policy

@@ -12,7 +12,7 @@ from memllm_jax import protocol
 from memllm_jax.config import TINY
 from memllm_jax.decode.loop import prefill, split_model
 from memllm_jax.decode.reader import ReadController, encode_prompt
-from memllm_jax.decode.stubs import CharTokenizer
+from memllm_jax.decode.scripted import CharTokenizer
 from memllm_jax.model.mistral import Mistral, init_cache
 
 from test_decode_reader import FakeMemory

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from memllm_jax import protocol
-from memllm_jax.decode.stubs import CharTokenizer, PolicyModel, TableModel
+from memllm_jax.decode.scripted import CharTokenizer, PolicyModel, TableModel
 from memllm_jax.decode.writer import decode_writes, write_corpus
 
 TOK = CharTokenizer()

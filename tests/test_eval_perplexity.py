@@ -134,7 +134,7 @@ def test_real_eval_records_from_data_gen():
 def test_model_chosen_reads_with_a_scripted_model():
     """A scripted model reads right before "Paris" and asks <Ann, place of birth, *>: rows with model
     positions and queries make exactly that read, answer it from the memory, and TARGET PPL drops."""
-    from memllm_jax.decode.stubs import PolicyModel
+    from memllm_jax.decode.scripted import PolicyModel
 
     tok = CharTokenizer()
     text = "Ann was born in Paris."

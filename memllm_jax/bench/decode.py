@@ -36,7 +36,7 @@ def build(cfg_kwargs: dict, seed: int = 0):
     from flax import nnx
 
     from memllm_jax.config import ModelConfig
-    from memllm_jax.decode.stubs import CharTokenizer
+    from memllm_jax.decode.scripted import CharTokenizer
     from memllm_jax.model.mistral import Mistral
 
     extra = WORDS + ["Rome>>", "capital of>>", "Italy", "Ada>>", "born in>>", "London", "USER"]
