@@ -15,9 +15,19 @@ whose k-th neighbour still clears the threshold.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
+
+try:  # small products run single-threaded: on a busy host a 2-thread BLAS call waits for a descheduled thread
+    from threadpoolctl import ThreadpoolController
+
+    _BLAS = ThreadpoolController()
+except ImportError:  # pragma: no cover
+    _BLAS = None
+
+_SMALL_PRODUCT = 1 << 26
 
 _PREFILTER_SLACK = 1e-4
 """float32 prefilter margin below tau; final decisions use the float64 `exact_cos`."""
@@ -68,15 +78,21 @@ class _Rows:
 def _brute_range(q_QxE: np.ndarray, vecs_NxE: np.ndarray, alive_N: np.ndarray, tau: float, offset: int = 0,
                  chunk: int = 1 << 16):
     qs, rows = [], []
-    for start in range(0, len(vecs_NxE), chunk):
-        sims_QxC = q_QxE @ vecs_NxE[start : start + chunk].T
-        qi, ci = np.nonzero(sims_QxC >= tau - _PREFILTER_SLACK)
-        keep = alive_N[start + ci]
-        qs.append(qi[keep])
-        rows.append(ci[keep] + start + offset)
+    small = len(q_QxE) * len(vecs_NxE) * q_QxE.shape[1] < _SMALL_PRODUCT and _BLAS is not None
+    with _BLAS.limit(limits=1, user_api="blas") if small else contextlib.nullcontext():
+        for start in range(0, len(vecs_NxE), chunk):
+            _chunk_range(q_QxE, vecs_NxE, alive_N, tau, offset, start, chunk, qs, rows)
     if not qs:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     return np.concatenate(qs).astype(np.int64), np.concatenate(rows).astype(np.int64)
+
+
+def _chunk_range(q_QxE, vecs_NxE, alive_N, tau, offset, start, chunk, qs, rows):
+    sims_QxC = q_QxE @ vecs_NxE[start : start + chunk].T
+    qi, ci = np.nonzero(sims_QxC >= tau - _PREFILTER_SLACK)
+    keep = alive_N[start + ci]
+    qs.append(qi[keep])
+    rows.append(ci[keep] + start + offset)
 
 
 def _finish(q_QxE, vecs, qi, rows, tau):

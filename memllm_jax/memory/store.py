@@ -176,13 +176,13 @@ class TripleMemory:
     def delete_triples(self, triples: Iterable[Triple]) -> int:
         """Delete stored triples (exact names); returns how many were deleted."""
         with self._lock:
-            rows = []
+            rows = set()
             for t in triples:
                 key = (self.entities.ids.get(t.subject.strip()), self.relations.ids.get(t.relation.strip()),
                        self.entities.ids.get(t.object.strip()))
                 if key in self.triples.keys:
-                    rows.append(self.triples.keys[key])
-            self.triples.remove(rows)
+                    rows.add(self.triples.keys[key])
+            self.triples.remove(sorted(rows))
             return len(rows)
 
     def delete_entity(self, name: str) -> int:
