@@ -1,5 +1,5 @@
 """Pretrain the embedded default's tiny base (DEFAULT_TINY) on the synthetic corpus's plain text (lm.jsonl),
-full-parameter, packed rows; sized for ~3 minutes on a 2-core CPU."""
+full-parameter, packed rows; sized for ~3 minutes on an idle 2-core CPU (held-out loss 2.0 vs unigram 5.7 nats after 100 steps)."""
 
 import dataclasses
 
@@ -18,18 +18,18 @@ def get_config() -> TrainConfig:
         seq_len=128,
         packing="pack",
         global_batch=16,
-        steps=400,
+        steps=250,
         epochs=None,
         lr=3e-3,
-        warmup_steps=40,
+        warmup_steps=25,
         schedule="cosine",
         end_lr_fraction=0.05,
         weight_decay=0.05,
         clip_norm=1.0,
-        eval_every=100,
+        eval_every=50,
         eval_batch=32,
         log_every=10,
-        checkpoint_every=100,
+        checkpoint_every=50,
         workdir="runs/default/train/pretrain",
         compilation_cache=".xla_cache",
     )

@@ -1,0 +1,168 @@
+"""`memllm bench train`: tokens/s and achieved FLOP/s of one LoRA training step (our jitted step) next to
+HF transformers + PEFT (torch, eager attention) doing the same step - same model config, LoRA targets and
+rank, batch, sequence length, AdamW with clipping - and next to this machine's measured float32 matmul
+ceiling, all timed interleaved in one run (A B C A B C ...).
+
+FLOPs counted per step (frozen base, so no weight gradients for it): forward 2*N*T, input gradients 2*N*T,
+attention scores and values 2*2*B*L^2*(heads*head_dim) per layer forward and twice that backward, and
+6*N_lora*T for the adapters, with N the base matmul parameters (embedding lookup excluded) and T = B*L.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+import numpy as np
+
+from memllm_jax.bench.timing import interleaved, markdown_table, ratio_row
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="small", help="model preset (memllm_jax.config.PRESETS); d_model >= 512")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--matmul", type=int, default=1024, help="size n of the n x n x n ceiling matmul")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = os.cpu_count())")
+    parser.add_argument("--no-peer", action="store_true", help="skip HF + PEFT")
+
+
+def step_flops(cfg, lora_rank: int, targets: tuple[str, ...], B: int, L: int) -> float:
+    D, N, K, H, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size
+    shapes = {"q": (D, N * H), "k": (D, K * H), "v": (D, K * H), "o": (N * H, D), "gate": (D, F), "up": (D, F),
+              "down": (F, D)}
+    base = cfg.n_layers * sum(a * b for a, b in shapes.values()) + D * V
+    lora = cfg.n_layers * sum(lora_rank * (a + b) for t, (a, b) in shapes.items() if t in targets)
+    lora += lora_rank * (D + V) if "lm_head" in targets else 0
+    T = B * L
+    attn_fwd = cfg.n_layers * 2 * 2 * B * L * L * N * H
+    return 4.0 * base * T + 3.0 * attn_fwd + 6.0 * lora * T
+
+
+def _batch(cfg, B: int, L: int, seed: int = 0) -> dict[str, np.ndarray]:
+    r = np.random.default_rng(seed)
+    tokens = r.integers(0, cfg.vocab_size, (B, L + 1)).astype(np.int32)
+    loss = np.zeros((B, L), bool)
+    loss[:, L // 2 :] = True  # an API-span-like loss region: the second half of every row
+    return dict(inputs=tokens[:, :-1], targets=tokens[:, 1:], loss_mask=loss, attn_mask=np.ones((B, L), bool),
+                positions=np.broadcast_to(np.arange(L, dtype=np.int32), (B, L)).copy())
+
+
+def ours(cfg, lora_cfg, tcfg, batch):
+    import jax
+
+    from memllm_jax.config import MeshConfig
+    from memllm_jax.sharding import make_mesh
+    from memllm_jax.train import step as S
+    from memllm_jax.train.loop import create_model
+    from memllm_jax.train.optimizer import make_optimizer
+
+    mesh = make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
+    split = S.split_model(create_model(cfg, lora_cfg, mesh, 0), "lora")
+    tx = make_optimizer(tcfg, 1000)
+    sh = S.train_state_shardings(split, tx, mesh)
+    box = {"state": S.init_train_state(split, tx, sh)}
+    step = S.make_train_step(split, tx, mesh, sh)
+    gb = S.to_global({k: v[None] for k, v in batch.items()}, mesh)
+
+    def run():
+        box["state"], m = step(box["state"], split.frozen, gb)
+        jax.block_until_ready(m["loss"])
+
+    return run
+
+
+def hf_peft(cfg, lora_cfg, tcfg, batch):
+    import torch
+    from peft import LoraConfig as PeftLora, get_peft_model
+    from transformers import MistralConfig, MistralForCausalLM
+
+    hf_cfg = MistralConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim, max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
+        rope_theta=cfg.rope_theta, sliding_window=cfg.sliding_window, tie_word_embeddings=cfg.tie_embeddings,
+        attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    model = MistralForCausalLM(hf_cfg)
+    names = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
+             "down": "down_proj", "lm_head": "lm_head"}
+    peft_cfg = PeftLora(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
+                        target_modules=[names[t] for t in lora_cfg.targets], bias="none")
+    model = get_peft_model(model, peft_cfg)
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=tcfg.lr, betas=(tcfg.b1, tcfg.b2), eps=tcfg.eps, weight_decay=tcfg.weight_decay)
+    inputs = torch.from_numpy(batch["inputs"].astype(np.int64))
+    targets = torch.from_numpy(batch["targets"].astype(np.int64))
+    mask = torch.from_numpy(batch["loss_mask"])
+    positions = torch.from_numpy(batch["positions"].astype(np.int64))
+
+    def run():
+        logits = model(input_ids=inputs, position_ids=positions).logits.float()
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+        loss = (nll * mask.reshape(-1)).sum() / mask.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, tcfg.clip_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return run
+
+
+def matmul_ceiling(n: int):
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n), np.float32))
+    b = jnp.asarray(np.random.default_rng(1).standard_normal((n, n), np.float32))
+    f = jax.jit(lambda x, y: x @ y)
+
+    def run():
+        jax.block_until_ready(f(a, b))
+
+    return run
+
+
+def main(args: argparse.Namespace) -> int:
+    import torch
+
+    from memllm_jax.config import PRESETS, LoraConfig
+    from memllm_jax.train.config import TrainConfig
+
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    cfg = dataclasses.replace(PRESETS[args.preset], max_seq_len=max(args.seq_len, PRESETS[args.preset].max_seq_len))
+    if cfg.d_model < 512:
+        print(f"note: preset {args.preset} has d_model {cfg.d_model} < 512")
+    lora_cfg = LoraConfig(rank=args.rank, alpha=8.0, dropout=args.dropout)
+    tcfg = TrainConfig(train_data=("-",), tokenizer="-", lr=1e-4, weight_decay=0.0, clip_norm=1.0)
+    batch = _batch(cfg, args.batch, args.seq_len)
+    contenders = {"memllm_jax": ours(cfg, lora_cfg, tcfg, batch)}
+    if not args.no_peer:
+        contenders["hf+peft"] = hf_peft(cfg, lora_cfg, tcfg, batch)
+    contenders["matmul"] = matmul_ceiling(args.matmul)
+    t = interleaved(contenders, repeats=args.repeats, warmup=1)
+
+    T = args.batch * args.seq_len
+    flops = step_flops(cfg, args.rank, lora_cfg.targets, args.batch, args.seq_len)
+    ceiling = 2.0 * args.matmul**3 / t["matmul"].median
+    rows = []
+    for name in [n for n in contenders if n != "matmul"]:
+        sec = t[name].median
+        rows.append([name, f"{sec * 1e3:.1f} ±{t[name].spread:.0%}", f"{T / sec:,.0f}", f"{flops / sec / 1e9:.1f}",
+                     f"{flops / sec / ceiling:.0%}"])
+    rows.append([f"matmul {args.matmul}^3 f32 (ceiling)", f"{t['matmul'].median * 1e3:.2f} ±{t['matmul'].spread:.0%}",
+                 "-", f"{ceiling / 1e9:.1f}", "100%"])
+    print(f"LoRA train step: preset {args.preset} (d_model {cfg.d_model}, {cfg.n_layers} layers, vocab "
+          f"{cfg.vocab_size}), LoRA r={args.rank} on {','.join(lora_cfg.targets)}, dropout {args.dropout}, "
+          f"batch {args.batch} x {args.seq_len} tokens, float32, {flops / 1e9:.1f} GFLOP/step; median of {args.repeats}")
+    print(markdown_table(["contender", "ms/step", "tokens/s", "GFLOP/s", "of matmul ceiling"], rows))
+    if "hf+peft" in t:
+        print(f"memllm_jax vs HF+PEFT tokens/s: {ratio_row(t['memllm_jax'], t['hf+peft'])}  (goal >= 1.5x)")
+    print(f"memllm_jax achieved / matmul ceiling: {flops / t['memllm_jax'].median / ceiling:.0%}  (goal >= 40%)")
+    return 0
