@@ -14,6 +14,7 @@ def get_config() -> TrainConfig:
         model=dataclasses.replace(MISTRAL_7B, param_dtype="bfloat16", compute_dtype="bfloat16", remat=True,
                                   max_seq_len=1024),
         mode="lora",
+        train_markers=True,
         lora=LoraConfig(rank=16, alpha=8.0, dropout=0.1),
         mesh=MeshConfig(data=1, fsdp=-1, tensor=1),
         train_data=("runs/redocred/data/train/read.jsonl",),

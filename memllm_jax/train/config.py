@@ -25,6 +25,10 @@ class TrainConfig:
     """"full": train every parameter (the tiny base); "lora": train the `nnx.LoRAParam` leaves only, with
     optimizer state for them only, and checkpoint only them."""
 
+    train_markers: bool = False
+    """LoRA mode: also train the embedding rows of the tokenizer's API-marker ids (added to
+    `lora.trainable_tokens` at run time) - needed when the markers were added to a pretrained vocabulary."""
+
     train_data: tuple[str, ...] = ()
     """JSONL files of training records (`segments` with loss flags; docs/interfaces.md)."""
     eval_data: tuple[str, ...] = ()

@@ -164,7 +164,7 @@ def _config_to_json(cfg: TrainConfig) -> dict:
 def config_from_json(d: dict) -> TrainConfig:
     d = dict(d)
     d["model"] = ModelConfig(**d["model"])
-    d["lora"] = LoraConfig(**{**d["lora"], "targets": tuple(d["lora"]["targets"])}) if d.get("lora") else None
+    d["lora"] = LoraConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d["lora"].items()}) if d.get("lora") else None
     d["mesh"] = MeshConfig(**d["mesh"])
     for k in ("train_data", "eval_data", "buckets"):
         d[k] = tuple(d.get(k) or ())
@@ -200,6 +200,9 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
                          f"and the process count {pcount}")
 
     tok = _load_tokenizer(cfg.tokenizer)
+    if cfg.mode == "lora" and cfg.train_markers:
+        ids = tuple(sorted(set(cfg.lora.trainable_tokens) | set(tok.marker_id.values())))
+        cfg = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, trainable_tokens=ids))
     corpus = D.load_corpus(cfg.train_data, tok, cfg.seq_len)
     if cfg.eval_data:
         eval_corpus = D.load_corpus(cfg.eval_data, tok, cfg.seq_len)
