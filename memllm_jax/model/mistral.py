@@ -2,7 +2,7 @@
 and a sliding-window causal mask, SwiGLU MLP), final norm, LM head; an explicit KV cache pytree.
 
 Letters: B batch, L new tokens, S key slots (cache length or L), D d_model, N query heads, K kv heads,
-G = N / K query heads per kv head, H head dim, F MLP width, V vocab, R LoRA rank.
+G = N / K query heads per kv head, M = G * L, H head dim, F MLP width, V vocab, R LoRA rank.
 """
 
 from __future__ import annotations
@@ -131,14 +131,19 @@ class Attention(nnx.Module):
             rows_Bx1 = jnp.arange(B)[:, None]
             k_BxSxKxH = cache_kv[0].at[rows_Bx1, write_BxL].set(k_BxLxKxH.astype(cache_kv[0].dtype), mode="drop")
             v_BxSxKxH = cache_kv[1].at[rows_Bx1, write_BxL].set(v_BxLxKxH.astype(cache_kv[1].dtype), mode="drop")
-        q_BxLxKxGxH = q_BxLxNxH.reshape(B, L, self.n_kv, self.group, self.head_dim) * (self.head_dim**-0.5)
-        k = k_BxSxKxH.astype(q_BxLxKxGxH.dtype)
-        v = v_BxSxKxH.astype(q_BxLxKxGxH.dtype)
-        scores_BxKxGxLxS = jnp.einsum("BLKGH,BSKH->BKGLS", q_BxLxKxGxH, k, preferred_element_type=jnp.float32)
-        scores_BxKxGxLxS = jnp.where(mask_BxLxS[:, None, None], scores_BxKxGxLxS, NEG_INF)
-        probs = jax.nn.softmax(scores_BxKxGxLxS, axis=-1).astype(v.dtype)
-        out_BxLxKxGxH = jnp.einsum("BKGLS,BSKH->BLKGH", probs, v)
-        out_BxLxNxH = out_BxLxKxGxH.reshape(B, L, self.n_kv * self.group, self.head_dim)
+        K, G, H = self.n_kv, self.group, self.head_dim
+        S = k_BxSxKxH.shape[1]
+        # Canonical batched matmuls over (B, K) with the G query heads of a kv head folded into the rows
+        # (M = G * L): no repeated K/V, and XLA's CPU matmuls run ~2x faster than on 5-D einsums.
+        q_BxKxMxH = (q_BxLxNxH * jnp.asarray(H**-0.5, q_BxLxNxH.dtype)).reshape(B, L, K, G, H)
+        q_BxKxMxH = q_BxKxMxH.transpose(0, 2, 3, 1, 4).reshape(B, K, G * L, H)
+        k_BxKxSxH = k_BxSxKxH.astype(q_BxKxMxH.dtype).transpose(0, 2, 1, 3)
+        v_BxKxSxH = v_BxSxKxH.astype(q_BxKxMxH.dtype).transpose(0, 2, 1, 3)
+        scores = jnp.einsum("BKMH,BKSH->BKMS", q_BxKxMxH, k_BxKxSxH, preferred_element_type=jnp.float32)
+        scores_BxKxGxLxS = jnp.where(mask_BxLxS[:, None, None], scores.reshape(B, K, G, L, S), NEG_INF)
+        probs_BxKxMxS = jax.nn.softmax(scores_BxKxGxLxS, axis=-1).astype(v_BxKxSxH.dtype).reshape(B, K, G * L, S)
+        out_BxKxMxH = jnp.einsum("BKMS,BKSH->BKMH", probs_BxKxMxS, v_BxKxSxH)
+        out_BxLxNxH = out_BxKxMxH.reshape(B, K, G, L, H).transpose(0, 3, 1, 2, 4).reshape(B, L, K * G, H)
         return self.o(out_BxLxNxH, deterministic), (k_BxSxKxH, v_BxSxKxH)
 
 
