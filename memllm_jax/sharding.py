@@ -85,6 +85,16 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(("data", "fsdp"), *([None] * (ndim - 1))))
 
 
+def cache_shardings(cfg: ModelConfig, mesh: Mesh, batch_size: int, max_len: int):
+    """A KVCache of NamedShardings: batch over ("data", "fsdp"), kv heads over "tensor"."""
+    from memllm_jax.model.mistral import KVCache
+
+    shape = (cfg.n_layers, batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
+    kv = NamedSharding(mesh, logical_to_spec((None, "batch", None, "kv_heads", None), shape, mesh, "KVCache"))
+    lengths = NamedSharding(mesh, logical_to_spec(("batch",), (batch_size,), mesh, "KVCache.lengths_B"))
+    return KVCache(kv, kv, lengths)
+
+
 def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
     """`with_sharding_constraint` by logical names when a mesh is set (`jax.set_mesh`); a no-op otherwise."""
     mesh = jax.sharding.get_abstract_mesh()

@@ -120,3 +120,23 @@ def test_model_size_command(capsys):
     assert main(["model-size", "--preset", "mistral_7b", "--mesh", "1,4,2"]) == 0
     out = capsys.readouterr().out
     assert "7,241,732,096" in out and "28,966,928,384" in out and "3,621,797,888" in out
+
+
+def test_sharded_cache_decoding_matches(reference):
+    from memllm_jax.model.mistral import init_cache
+    from memllm_jax.sharding import cache_shardings
+
+    graphdef, state, (tokens, positions, mask), expected = reference
+    mesh = make_mesh(MeshConfig(1, 4, 2))
+    sharded = jax.device_put(state, state_shardings(state, mesh))
+    cache = jax.device_put(init_cache(CFG, 8, 16), cache_shardings(CFG, mesh, 8, 16))
+    assert cache.k_LxBxSxKxH.sharding.spec[1] == "fsdp" and cache.k_LxBxSxKxH.sharding.spec[3] == "tensor"
+
+    @jax.jit
+    def step(state, tokens, positions, mask, cache):
+        return nnx.merge(graphdef, state)(tokens, positions, mask, cache=cache)
+
+    with jax.set_mesh(mesh):
+        logits, cache = step(sharded, tokens[:, :9], positions[:, :9], mask[:, :9], cache)
+    rows = np.asarray(mask[:, :9])
+    np.testing.assert_allclose(np.asarray(logits)[rows], expected[:, :9][rows], atol=1e-5)

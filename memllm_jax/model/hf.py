@@ -191,7 +191,7 @@ def load_hf(
     `extra_tokens` appends that many embedding / LM-head rows initialised to the mean row (for added special
     tokens). `config_overrides` replace ModelConfig fields (e.g. `param_dtype="bfloat16"`).
     """
-    from memllm_jax.sharding import abstract_model, materialize, state_shardings
+    from memllm_jax.sharding import abstract_model, check_fits, materialize, state_shardings
 
     directory = pathlib.Path(directory)
     config_path = directory / "config.json"
@@ -204,6 +204,8 @@ def load_hf(
     cfg = config_from_hf(hf_cfg, str(config_path), **config_overrides)
     base_vocab = cfg.vocab_size
     cfg = dataclasses.replace(cfg, vocab_size=base_vocab + extra_tokens)
+    if mesh is not None:
+        check_fits(cfg, mesh)
     reader = _Reader(directory)
     graphdef, abstract = abstract_model(cfg, lora, None, seed)
     if mesh is None:
