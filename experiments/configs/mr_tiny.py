@@ -17,7 +17,7 @@ def get_config() -> TrainConfig:
         eval_max_examples=128,
         seq_len=256,
         packing="pad",
-        buckets=(96, 160, 256),
+        buckets=(128, 256),
         global_batch=16,
         steps=150,
         epochs=None,
