@@ -280,7 +280,8 @@ class ReadController:
             span, call = r.active, r.active_call
         else:
             return
-        call.removed, call.reason = True, "new_call"
+        if call is not None:  # None: a complete call that came with the prompt (e.g. a few-shot example)
+            call.removed, call.reason = True, "new_call"
         s, e = span
         r.ctx = r.ctx[:s] + r.ctx[e:]
         r.kinds = r.kinds[:s] + r.kinds[e:]
