@@ -189,7 +189,7 @@ class MemoryConfig:
     index: str = "auto"
     """"exact" (numpy brute force), "scann", or "auto" (ScaNN brute force while small, partitioned past
     `partition_threshold` rows)."""
-    partition_threshold: int = 100_000
+    partition_threshold: int = 20_000
     """Table size above which the ScaNN index is partitioned and quantized instead of brute force."""
     max_name_chars: int = 512
     """Longest accepted entity or relation name."""
