@@ -83,6 +83,19 @@ class LoopSpec:
     should not wait for the whole chunk; exiting at every single pause costs a host round trip each)."""
 
 
+def _layered(cache: Any) -> Any:
+    """Per-layer cache buffers for the loop carry (see `mistral.unstack_cache`); other caches unchanged."""
+    from memllm_jax.model.mistral import KVCache, unstack_cache
+
+    return unstack_cache(cache) if isinstance(cache, KVCache) else cache
+
+
+def _stacked(cache: Any) -> Any:
+    from memllm_jax.model.mistral import KVCache, stack_cache
+
+    return stack_cache(cache) if isinstance(cache, KVCache) else cache
+
+
 def _read_step(model, spec: LoopSpec, s: st.DecodeState) -> st.DecodeState:
     B, V = s.logits_BxV.shape
     running_B = s.status_B == st.RUNNING
@@ -131,7 +144,8 @@ def read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec) -> st.Decode
         i, s = carry
         return i + 1, _read_step(model, spec, s)
 
-    return jax.lax.while_loop(cond, body, (jnp.int32(0), s))[1]
+    s = jax.lax.while_loop(cond, body, (jnp.int32(0), s.replace(cache=_layered(s.cache))))[1]
+    return s.replace(cache=_stacked(s.cache))
 
 
 def vocab_size(model: Any, tokenizer: Any) -> int:

@@ -32,7 +32,8 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
-        return self.k_LxBxSxKxH.shape[2]
+        k = self.k_LxBxSxKxH
+        return k[0].shape[1] if isinstance(k, (tuple, list)) else k.shape[2]
 
 
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int | None = None, dtype=None) -> KVCache:
@@ -41,6 +42,23 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int | None = None, dt
     dtype = jnp.dtype(cfg.compute_dtype if dtype is None else dtype)
     shape = (cfg.n_layers, batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
     return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch_size,), jnp.int32))
+
+
+def unstack_cache(cache: KVCache) -> KVCache:
+    """The same cache with `k_LxBxSxKxH` / `v_LxBxSxKxH` as tuples of per-layer B x S x K x H arrays, which
+    the model also accepts (and returns in the same form). Decode loops carry this form: each layer then
+    attends to its own buffer with no per-step slice of the stacked array. `stack_cache` undoes it."""
+    if isinstance(cache.k_LxBxSxKxH, (tuple, list)):
+        return cache
+    L = cache.k_LxBxSxKxH.shape[0]
+    return KVCache(tuple(cache.k_LxBxSxKxH[i] for i in range(L)), tuple(cache.v_LxBxSxKxH[i] for i in range(L)),
+                   cache.lengths_B)
+
+
+def stack_cache(cache: KVCache) -> KVCache:
+    if not isinstance(cache.k_LxBxSxKxH, (tuple, list)):
+        return cache
+    return KVCache(jnp.stack(cache.k_LxBxSxKxH), jnp.stack(cache.v_LxBxSxKxH), cache.lengths_B)
 
 
 class Linear(nnx.Module):
@@ -119,6 +137,10 @@ class Attention(nnx.Module):
         self.o = Linear((N, H), (D,), ("q_heads", "head_dim"), ("embed",), lora=_targets(lora, "o"), std=out_std, **kw)
 
     def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, mask_BxLxS, cache_kv, write_BxL, deterministic):
+        """`cache_kv` is None (keys = the new tokens), `(k_LxBxSxKxH, v_LxBxSxKxH, layer)` (the stacked
+        caches of every layer and this layer's index) or `(k_BxSxKxH, v_BxSxKxH, None)` (this layer's own
+        arrays, see `unstack_cache`). The new keys/values are scattered straight into the given arrays
+        (no per-layer copy and re-stack), so inside a jitted loop XLA updates the carried cache in place."""
         B, L, _ = x_BxLxD.shape
         q_BxLxNxH = apply_rope(self.q(x_BxLxD, deterministic), cos_BxLxH, sin_BxLxH)
         k_BxLxKxH = apply_rope(self.k(x_BxLxD, deterministic), cos_BxLxH, sin_BxLxH)
@@ -126,13 +148,29 @@ class Attention(nnx.Module):
         q_BxLxNxH = constrain(q_BxLxNxH, ("batch", "seq", "q_heads", "head_dim"))
         if cache_kv is None:
             k_BxSxKxH, v_BxSxKxH = k_BxLxKxH, v_BxLxKxH
+            new_kv = (k_BxSxKxH, v_BxSxKxH)
         else:
             # Scatter the new keys/values at slots lengths_B[b] + i; out-of-range slots are dropped.
+            k_all, v_all, layer = cache_kv
             rows_Bx1 = jnp.arange(B)[:, None]
-            k_BxSxKxH = cache_kv[0].at[rows_Bx1, write_BxL].set(k_BxLxKxH.astype(cache_kv[0].dtype), mode="drop")
-            v_BxSxKxH = cache_kv[1].at[rows_Bx1, write_BxL].set(v_BxLxKxH.astype(cache_kv[1].dtype), mode="drop")
+            at = (rows_Bx1, write_BxL) if layer is None else (layer, rows_Bx1, write_BxL)
+            k_all = k_all.at[at].set(k_BxLxKxH.astype(k_all.dtype), mode="drop")
+            v_all = v_all.at[at].set(v_BxLxKxH.astype(v_all.dtype), mode="drop")
+            k_BxSxKxH, v_BxSxKxH = (k_all, v_all) if layer is None else (k_all[layer], v_all[layer])
+            new_kv = (k_all, v_all)
         K, G, H = self.n_kv, self.group, self.head_dim
         S = k_BxSxKxH.shape[1]
+        if L == 1:
+            # One new token (a decode step): multiply-and-reduce over the cache in its stored layout (it is
+            # memory-bound either way; a matmul would first copy both caches into (B, K, S, H)).
+            q_Bx1xKxGxH = (q_BxLxNxH * jnp.asarray(H**-0.5, q_BxLxNxH.dtype)).reshape(B, 1, K, G, H)
+            k_BxSxKx1xH = k_BxSxKxH[:, :, :, None, :].astype(jnp.float32)
+            scores_BxSxKxG = jnp.sum(q_Bx1xKxGxH.astype(jnp.float32) * k_BxSxKx1xH, axis=-1)
+            scores_BxSxKxG = jnp.where(mask_BxLxS[:, 0, :, None, None], scores_BxSxKxG, NEG_INF)
+            probs_BxSxKxG = jax.nn.softmax(scores_BxSxKxG, axis=1).astype(v_BxSxKxH.dtype)
+            out_BxKxGxH = jnp.sum(probs_BxSxKxG[..., None] * v_BxSxKxH[:, :, :, None, :], axis=1)
+            out_BxLxNxH = out_BxKxGxH.astype(q_BxLxNxH.dtype).reshape(B, 1, K * G, H)
+            return self.o(out_BxLxNxH, deterministic), new_kv
         # Canonical batched matmuls over (B, K) with the G query heads of a kv head folded into the rows
         # (M = G * L): no repeated K/V, and XLA's CPU matmuls run ~2x faster than on 5-D einsums.
         q_BxKxMxH = (q_BxLxNxH * jnp.asarray(H**-0.5, q_BxLxNxH.dtype)).reshape(B, L, K, G, H)
@@ -144,7 +182,7 @@ class Attention(nnx.Module):
         probs_BxKxMxS = jax.nn.softmax(scores_BxKxGxLxS, axis=-1).astype(v_BxKxSxH.dtype).reshape(B, K, G * L, S)
         out_BxKxMxH = jnp.einsum("BKMS,BKSH->BKMH", probs_BxKxMxS, v_BxKxSxH)
         out_BxLxNxH = out_BxKxMxH.reshape(B, K, G, L, H).transpose(0, 3, 1, 2, 4).reshape(B, L, K * G, H)
-        return self.o(out_BxLxNxH, deterministic), (k_BxSxKxH, v_BxSxKxH)
+        return self.o(out_BxLxNxH, deterministic), new_kv
 
 
 class MLP(nnx.Module):
@@ -249,13 +287,23 @@ class Mistral(nnx.Module):
         if cfg.sliding_window is not None:
             mask_BxLxS &= delta_BxLxS < cfg.sliding_window
 
-        run = _run_block_remat if cfg.remat else _run_block
-        new_k, new_v = [], []
+        run = _run_block_remat if cfg.remat and cache is None else _run_block
+        layered = cache is not None and isinstance(cache.k_LxBxSxKxH, (tuple, list))
+        if cache is not None:
+            k_all, v_all = cache.k_LxBxSxKxH, cache.v_LxBxSxKxH
+            new_k, new_v = list(k_all) if layered else None, list(v_all) if layered else None
         for i, block in enumerate(self.layers):
-            cache_kv = None if cache is None else (cache.k_LxBxSxKxH[i], cache.v_LxBxSxKxH[i])
+            if cache is None:
+                cache_kv = None
+            elif layered:
+                cache_kv = (new_k[i], new_v[i], None)
+            else:
+                cache_kv = (k_all, v_all, i)
             x_BxLxD, (k, v) = run(block, x_BxLxD, cos, sin, mask_BxLxS, cache_kv, write_BxL, deterministic)
-            new_k.append(k)
-            new_v.append(v)
+            if layered:
+                new_k[i], new_v[i] = k, v
+            elif cache is not None:
+                k_all, v_all = k, v
         x_BxLxD = self.final_norm(x_BxLxD)
         if self.lm_head is None:
             logits = jnp.einsum("BLD,VD->BLV", x_BxLxD, self.embed[...].astype(compute), preferred_element_type=jnp.float32)
@@ -263,6 +311,8 @@ class Mistral(nnx.Module):
             logits = self.lm_head(x_BxLxD, deterministic, out_dtype=jnp.float32)
         logits_BxLxV = constrain(logits.astype(jnp.float32), ("batch", "seq", "vocab"))
         if cache is not None:
-            cache = KVCache(jnp.stack(new_k), jnp.stack(new_v), new_lengths_B)
+            if layered:
+                k_all, v_all = tuple(new_k), tuple(new_v)
+            cache = KVCache(k_all, v_all, new_lengths_B)
         return logits_BxLxV, cache
 
