@@ -276,12 +276,15 @@ class ReadController:
         if prev is not None and prev < new_open and (r.active is None or prev >= r.active[1]):
             span, call = (prev, new_open), ApiCall(query_text=self.tok.decode(r.ctx[prev:new_open]), complete=False)
             r.calls.append(call)  # an unfinished call interrupted by a new one
+        elif r.active is not None and r.active_call is None:
+            # A complete call that came with the prompt (e.g. a few-shot example) is the caller's context: kept.
+            r.active, r.call_start_prev = None, None
+            return
         elif r.active is not None:
             span, call = r.active, r.active_call
         else:
             return
-        if call is not None:  # None: a complete call that came with the prompt (e.g. a few-shot example)
-            call.removed, call.reason = True, "new_call"
+        call.removed, call.reason = True, "new_call"
         s, e = span
         r.ctx = r.ctx[:s] + r.ctx[e:]
         r.kinds = r.kinds[:s] + r.kinds[e:]

@@ -1,0 +1,16 @@
+"""Regressions found by running the main job."""
+
+from memllm_jax.decode.reader import generate_with_memory
+from tests.test_decode_reader import EOS, TOK, FakeMemory, scripted
+
+
+def test_new_call_keeps_a_complete_call_that_came_with_the_prompt():
+    """A few-shot prompt holds a complete read; the model's own new read stays in the context (it is the caller's), and nothing crashes."""
+    mem = FakeMemory({("y", "r", None): ["Rome"]})
+    prompt_ids = [TOK.bos_id] + TOK.encode("Q({MEM_READ(x>>r>>)-->P})|")
+    model = scripted("({MEM_READ(y>>r>>)-->Rome})z")
+    [res] = generate_with_memory(model, TOK, mem, [prompt_ids], max_new_tokens=40, chunk=8)
+    assert res.finish_reason == "eos"
+    assert res.text == "({MEM_READ(y>>r>>)-->Rome})z"
+    assert [c.queries[0].subject for c in res.calls] == ["y"]
+    assert EOS not in TOK.encode(res.text)
