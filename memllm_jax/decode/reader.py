@@ -94,6 +94,28 @@ def _merge(results: Sequence[Any], q_thr: int) -> tuple[tuple[str, ...], bool]:
     return tuple(entities), too_large or len(entities) > q_thr
 
 
+@dataclasses.dataclass(frozen=True)
+class _Refused:
+    """The memory refused a query's names (e.g. an over-long name from model output): it finds nothing."""
+
+    entities: tuple = ()
+    too_large: bool = False
+
+
+def _query_untrusted(memory, queries: Sequence[protocol.Query]) -> list[Any]:
+    """One batched query; if the memory refuses some names (ValueError), retry one by one so only those fail."""
+    try:
+        return list(memory.query(queries))
+    except ValueError:
+        out: list[Any] = []
+        for q in queries:
+            try:
+                out.append(memory.query([q])[0])
+            except ValueError:
+                out.append(_Refused())
+        return out
+
+
 class ReadController:
     """Drives `read_chunk` and the host-side memory round trips for one batch of prompts."""
 
@@ -221,7 +243,7 @@ class ReadController:
                 status[b] = st.IDLE
         if pending:
             flat = [q for _, _, qs in pending for q in qs]
-            results = self.memory.query(flat)
+            results = _query_untrusted(self.memory, flat)
             self.memory_calls += 1
             k = 0
             for b, call, qs in pending:

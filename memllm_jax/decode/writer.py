@@ -222,8 +222,7 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
                     parsed = protocol.parse_write_call(out["text"])
                     stats.malformed += len(parsed.errors)
                     if parsed.items:
-                        memory.add(list(parsed.items), source=source)
-                        stats.triples += len(parsed.items)
+                        stats.triples += _add_untrusted(memory, list(parsed.items), source)
                 remaining[doc_id] -= 1
                 if remaining[doc_id] == 0:
                     finished.append(doc_id)
@@ -245,3 +244,19 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
         flush(False)
     flush(True)
     return stats
+
+
+def _add_untrusted(memory, triples: list[protocol.Triple], source: str) -> int:
+    """Add model-written triples; a triple whose names the memory refuses (ValueError) is skipped alone."""
+    try:
+        memory.add(triples, source=source)
+        return len(triples)
+    except ValueError:
+        added = 0
+        for t in triples:
+            try:
+                memory.add([t], source=source)
+                added += 1
+            except ValueError:
+                pass
+        return added
