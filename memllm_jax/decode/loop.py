@@ -23,12 +23,13 @@ MIN_BUCKET = 8
 
 
 def bucket(n: int, cap: int | None = None) -> int:
-    """Smallest value >= n of 8, 12, 16, 24, 32, 48, ... (powers of two and 1.5x powers of two, at least
-    MIN_BUCKET): few distinct prefill shapes, and at most 1/3 of a prefill is padding (plain powers of
-    two waste up to half, e.g. 129 tokens -> 256)."""
+    """Smallest value >= n of 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, ... (four steps per power of two, at
+    least MIN_BUCKET): few distinct prefill shapes, and at most ~1/5 of a prefill is padding (plain
+    powers of two waste up to half, e.g. 129 tokens -> 256; prefill is compute-bound, so padding costs
+    its full share)."""
     b = MIN_BUCKET
     while b < n:
-        b = b * 3 // 2 if b & (b - 1) == 0 else b * 4 // 3
+        b += 1 << max(0, (b.bit_length() - 1) - 2)
     return b if cap is None else max(min(b, cap), n)
 
 
