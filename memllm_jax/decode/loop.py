@@ -33,15 +33,41 @@ def bucket(n: int, cap: int | None = None) -> int:
     return b if cap is None else max(min(b, cap), n)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
-def _prefill(graphdef, params, cache, logits_BxV, tokens_BxL, n_B):
+@functools.partial(jax.jit, static_argnames=("graphdef", "attend"))
+def _prefill(graphdef, params, cache, logits_BxV, tokens_BxL, n_B, attend=None):
+    """`attend`: run the model on the first `attend` slots of the cache only (every row's length after
+    this prefill fits in them; later slots are neither read nor written), then put them back. Prefill
+    attention is batched (B x K) small matmuls, slow on CPU, so a 128-token prompt in a 192-slot cache
+    should not attend to 192 slots."""
+    from memllm_jax.model.mistral import KVCache
+
     model = nnx.merge(graphdef, params)
+    full = cache
+    if attend is not None:
+        cache = KVCache(full.k_LxBxSxKxH[:, :, :attend], full.v_LxBxSxKxH[:, :, :attend], full.lengths_B)
     L = tokens_BxL.shape[1]
     mask_BxL = jnp.arange(L)[None, :] < n_B[:, None]
     positions_BxL = cache.lengths_B[:, None] + jnp.arange(L, dtype=jnp.int32)[None, :]
     new_logits_BxLxV, cache = model(tokens_BxL, positions_BxL, mask_BxL, cache=cache)
     last_BxV = jnp.take_along_axis(new_logits_BxLxV, jnp.maximum(n_B - 1, 0)[:, None, None], axis=1)[:, 0]
+    if attend is not None:
+        cache = KVCache(full.k_LxBxSxKxH.at[:, :, :attend].set(cache.k_LxBxSxKxH),
+                        full.v_LxBxSxKxH.at[:, :, :attend].set(cache.v_LxBxSxKxH), cache.lengths_B)
     return cache, jnp.where((n_B > 0)[:, None], last_BxV, logits_BxV)
+
+
+def _attend_slots(cache, n: np.ndarray, L: int) -> int | None:
+    """Slots a prefill of `n` tokens per row must see: the prefill width when every row is empty (a fresh
+    prompt), else the next power of two >= the longest resulting row; None = the whole cache."""
+    from memllm_jax.model.mistral import KVCache
+
+    if not isinstance(cache, KVCache) or isinstance(cache.k_LxBxSxKxH, (tuple, list)):
+        return None
+    need = int((host(cache.lengths_B) + n).max(initial=0))
+    attend = L if need <= L else MIN_BUCKET
+    while attend < need:
+        attend *= 2
+    return attend if attend < cache.max_len else None
 
 
 MAX_PREFILL = 256
@@ -63,7 +89,8 @@ def prefill(graphdef, params, cache, logits_BxV, rows: Sequence[Sequence[int]], 
     tokens = np.full((len(rows), L), pad_id, np.int32)
     for b, r in enumerate(rows):
         tokens[b, : len(r)] = r
-    return _prefill(graphdef, params, cache, logits_BxV, jnp.asarray(tokens), jnp.asarray(n))
+    return _prefill(graphdef, params, cache, logits_BxV, jnp.asarray(tokens), jnp.asarray(n),
+                    attend=_attend_slots(cache, n, L))
 
 
 @dataclasses.dataclass(frozen=True)
