@@ -160,10 +160,32 @@ def _read_step(model, spec: LoopSpec, s: st.DecodeState) -> st.DecodeState:
     )
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
 def read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec) -> st.DecodeState:
-    """Generate up to `spec.chunk` tokens; exit early once no row is RUNNING."""
+    """Generate up to `spec.chunk` tokens; exit early once no row is RUNNING.
+
+    A decode step costs about batch x attended slots, so the loop runs on the first `attend` slots of the
+    cache only: a power of two that holds every row's length plus the whole chunk (rows cannot get past
+    it within the chunk, and later slots are never read)."""
+    from memllm_jax.model.mistral import KVCache
+
+    attend = None
+    if isinstance(s.cache, KVCache) and not isinstance(s.cache.k_LxBxSxKxH, (tuple, list)):
+        need = int(host(s.cache.lengths_B).max(initial=0)) + spec.chunk
+        attend = 2 * MIN_BUCKET
+        while attend < need:
+            attend *= 2
+        attend = attend if attend < s.cache.max_len else None
+    return _read_chunk(graphdef, params, s, spec, attend)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec", "attend"))
+def _read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec, attend: int | None) -> st.DecodeState:
+    from memllm_jax.model.mistral import KVCache
+
     model = nnx.merge(graphdef, params)
+    full = s.cache
+    if attend is not None:
+        s = s.replace(cache=KVCache(full.k_LxBxSxKxH[:, :, :attend], full.v_LxBxSxKxH[:, :, :attend], full.lengths_B))
 
     def cond(carry):
         i, s = carry
@@ -175,7 +197,11 @@ def read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec) -> st.Decode
         return i + 1, _read_step(model, spec, s)
 
     s = jax.lax.while_loop(cond, body, (jnp.int32(0), s.replace(cache=_layered(s.cache))))[1]
-    return s.replace(cache=_stacked(s.cache))
+    cache = _stacked(s.cache)
+    if attend is not None:
+        cache = KVCache(full.k_LxBxSxKxH.at[:, :, :attend].set(cache.k_LxBxSxKxH),
+                        full.v_LxBxSxKxH.at[:, :, :attend].set(cache.v_LxBxSxKxH), cache.lengths_B)
+    return s.replace(cache=cache)
 
 
 def vocab_size(model: Any, tokenizer: Any) -> int:
