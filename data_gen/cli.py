@@ -54,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--score", type=int, default=0, help="score on a balanced set of N positives + N negatives (Table 1)")
     f.add_argument("--only-missing-evidence", action="store_true", help="judge only relations without evidence")
     f.add_argument("--out", default=None, help="filtered corpus (.json) to write")
+    f.add_argument("--decisions", default=None,
+                   help="JSONL with one record per candidate: its relation, gold, decision (yes / no / unparsed) "
+                        "and the completion")
+    f.add_argument("--batch-size", type=int, default=8, help="prompts generated together with --model")
     f.add_argument("--seed", type=int, default=0)
 
 
@@ -149,16 +153,33 @@ def _filter(args) -> int:
                                     "prompt": p} for c, p in zip(cands, prompts)))
         print(f"wrote {len(prompts)} prompts to {args.prompts}")
         return 0
+    t0 = time.perf_counter()
     if args.answers:
-        completions = [r.get("completion", "") for r in read_jsonl(args.answers)]
+        completions = []
+        for n, r in enumerate(read_jsonl(args.answers), 1):
+            if not isinstance(r, dict):
+                raise SystemExit(f"{args.answers}: record {n}: expected an object with a 'completion' field")
+            completions.append(r.get("completion", ""))
         if len(completions) != len(prompts):
             raise SystemExit(f"{args.answers}: {len(completions)} completions for {len(prompts)} prompts")
-        answers = [DF.parse_answer(c) for c in completions]
     elif args.model:
-        generate_fn = _model_generate_fn(args)
-        answers = DF.judge(cands, generate_fn)
+        completions = DF.complete(cands, _model_generate_fn(args), args.batch_size) if cands else []
     else:
         raise SystemExit("give --prompts (to export), --answers (completions) or --model (generate here)")
+    answers = [DF.parse_answer(c) for c in completions]
+    seconds = time.perf_counter() - t0
+    decisions = [DF.decision(a) for a in answers]
+    print(f"## distant-supervision filter: {args.input}\n\n| statistic | value |\n|---|---|\n"
+          f"| documents | {len(docs)} |\n| candidates | {len(cands)} |\n"
+          f"| gold yes / no / unannotated | {sum(c.gold is True for c in cands)} / {sum(c.gold is False for c in cands)}"
+          f" / {sum(c.gold is None for c in cands)} |\n"
+          f"| decisions yes / no / unparsed | {decisions.count('yes')} / {decisions.count('no')} / "
+          f"{decisions.count('unparsed')} |\n| seconds | {seconds:.2f} |\n")
+    if args.decisions:
+        write_jsonl(args.decisions, ({"doc": c.doc, "relation": c.relation, "sent_id": c.sent_id, "head": c.head,
+                                      "label": c.label, "tail": c.tail, "gold": c.gold, "decision": d,
+                                      "completion": text} for c, d, text in zip(cands, decisions, completions)))
+        print(f"wrote {len(decisions)} decisions to {args.decisions}")
     if args.score:
         s = DF.score(answers, [bool(c.gold) for c in cands])
         print("| precision | recall | F1 | accuracy | n | unparsed |\n|---|---|---|---|---|---|\n"
@@ -192,12 +213,20 @@ def _model_generate_fn(args):
     from memllm_jax.model.hf import load_hf
     from memllm_jax.tokenizer import load_tokenizer
 
+    from memllm_jax.decode.reader import encode_prompt
+
     tok = load_tokenizer(args.model)
-    _, model = load_hf(args.model, extra_tokens=max(0, tok.vocab_size - _hf_vocab(args.model)))
+    cfg, model = load_hf(args.model, extra_tokens=max(0, tok.vocab_size - _hf_vocab(args.model)))
     memory = TripleMemory(load_encoder("hash:64"))  # empty: a base model does not call it
 
     def generate_fn(prompts):
-        return [r.plain_text for r in generate_with_memory(model, tok, memory, list(prompts), args.max_new_tokens)]
+        prompts = list(prompts)
+        longest = max(len(encode_prompt(tok, p)) for p in prompts)
+        if longest + args.max_new_tokens > cfg.max_seq_len:
+            raise SystemExit(f"{args.model}/config.json: a Figure 5 prompt is {longest} tokens; with --max-new-tokens "
+                             f"{args.max_new_tokens} it exceeds max_position_embeddings {cfg.max_seq_len}")
+        results = generate_with_memory(model, tok, memory, prompts, args.max_new_tokens, batch_size=len(prompts))
+        return [r.plain_text for r in results]
 
     return generate_fn
 

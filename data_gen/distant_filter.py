@@ -17,6 +17,8 @@ import random
 import re
 from typing import Callable, Iterable, Mapping, Sequence
 
+from data_gen.docred import PRONOUNS
+
 GenerateFn = Callable[[Sequence[str]], Sequence[str]]
 
 FIGURE5_SHOTS = """To determine whether the main sentence contains information about the given relation, both the main sentence and the context will be provided. The goal is to identify whether there is evidence of the relation in the main sentence, supported by the context. If there is no relation or the evidence exists solely in the context without requiring the main sentence, respond with No. Otherwise, respond with Yes. Provide reasoning to support your response.
@@ -128,6 +130,16 @@ def parse_answer(completion: str) -> bool | None:
         return None
 
 
+def _name(here: list[str], before: list[str], everywhere: list[str]) -> str:
+    """The name the relation shows: a full (non-pronoun) mention from the main sentence, else the context, else
+    anywhere in the document; a pronoun only when the entity has no full mention at all."""
+    for names in (here, before[::-1], everywhere):
+        full = [n for n in names if " ".join(n.split()).lower() not in PRONOUNS]
+        if full:
+            return full[0]
+    return (here or before)[0]
+
+
 def candidates(doc: Mapping, doc_index: int, labels: Mapping[str, str]) -> list[Candidate]:
     sents = [" ".join(s) for s in doc["sents"]]
     mentions = [[(m["sent_id"], m["name"]) for m in ent] for ent in doc["vertexSet"]]
@@ -140,12 +152,14 @@ def candidates(doc: Mapping, doc_index: int, labels: Mapping[str, str]) -> list[
             t_here = [n for s, n in t if s == i]
             if not (h_here or t_here):
                 continue
-            h_seen = h_here or [n for s, n in h if s < i]
-            t_seen = t_here or [n for s, n in t if s < i]
-            if not (h_seen and t_seen):
+            h_before = [n for s, n in h if s < i]
+            t_before = [n for s, n in t if s < i]
+            if not ((h_here or h_before) and (t_here or t_before)):
                 continue
-            out.append(Candidate(doc_index, r_i, i, " ".join(sents[:i]), sents[i], h_seen[0], labels[lab["r"]],
-                                 t_seen[0], (i in evidence) if evidence else None))
+            head = _name(h_here, h_before, [n for _, n in h])
+            tail = _name(t_here, t_before, [n for _, n in t])
+            out.append(Candidate(doc_index, r_i, i, " ".join(sents[:i]), sents[i], head, labels[lab["r"]],
+                                 tail, (i in evidence) if evidence else None))
     return out
 
 
@@ -166,15 +180,25 @@ def balanced_test_set(docs: Iterable[Mapping], labels: Mapping[str, str], n_per_
     return out
 
 
-def judge(cands: Sequence[Candidate], generate_fn: GenerateFn, batch_size: int = 8) -> list[bool | None]:
-    answers: list[bool | None] = []
+def complete(cands: Sequence[Candidate], generate_fn: GenerateFn, batch_size: int = 8) -> list[str]:
+    """The model's completion of each candidate's Figure 5 prompt, `batch_size` prompts per call."""
+    out: list[str] = []
     for i in range(0, len(cands), batch_size):
         batch = cands[i:i + batch_size]
-        completions = generate_fn([build_prompt(c.context, c.focus, c.head, c.label, c.tail) for c in batch])
+        completions = list(generate_fn([build_prompt(c.context, c.focus, c.head, c.label, c.tail) for c in batch]))
         if len(completions) != len(batch):
             raise ValueError(f"generate_fn returned {len(completions)} completions for {len(batch)} prompts")
-        answers.extend(parse_answer(c) for c in completions)
-    return answers
+        out.extend(completions)
+    return out
+
+
+def judge(cands: Sequence[Candidate], generate_fn: GenerateFn, batch_size: int = 8) -> list[bool | None]:
+    return [parse_answer(c) for c in complete(cands, generate_fn, batch_size)]
+
+
+def decision(answer: bool | None) -> str:
+    """"yes", "no", or "unparsed" (the completion gave no answer; it counts as No)."""
+    return "unparsed" if answer is None else ("yes" if answer else "no")
 
 
 def score(predictions: Sequence[bool | None], golds: Sequence[bool]) -> dict[str, float]:
