@@ -167,8 +167,8 @@ class Attention(nnx.Module):
             k_BxSxKx1xH = k_BxSxKxH[:, :, :, None, :].astype(jnp.float32)
             scores_BxSxKxG = jnp.sum(q_Bx1xKxGxH.astype(jnp.float32) * k_BxSxKx1xH, axis=-1)
             scores_BxSxKxG = jnp.where(mask_BxLxS[:, 0, :, None, None], scores_BxSxKxG, NEG_INF)
-            probs_BxSxKxG = jax.nn.softmax(scores_BxSxKxG, axis=1).astype(v_BxSxKxH.dtype)
-            out_BxKxGxH = jnp.sum(probs_BxSxKxG[..., None] * v_BxSxKxH[:, :, :, None, :], axis=1)
+            probs_BxSxKxG = jax.nn.softmax(scores_BxSxKxG, axis=1)  # float32 sums, as the matmul path accumulates
+            out_BxKxGxH = jnp.sum(probs_BxSxKxG[..., None] * v_BxSxKxH[:, :, :, None, :].astype(jnp.float32), axis=1)
             out_BxLxNxH = out_BxKxGxH.astype(q_BxLxNxH.dtype).reshape(B, 1, K * G, H)
             return self.o(out_BxLxNxH, deterministic), new_kv
         # Canonical batched matmuls over (B, K) with the G query heads of a kv head folded into the rows
