@@ -106,7 +106,19 @@ _DEPENDS = {
 def stage_key(cfg: PipelineConfig, name: str) -> str:
     """A stage's key covers its own settings and those of every earlier stage (its inputs)."""
     upto = STAGES[: STAGES.index(name) + 1]
-    return _hash({s: {f: getattr(cfg, f) for f in _DEPENDS[s]} for s in upto})
+    settings = {s: {f: getattr(cfg, f) for f in _DEPENDS[s]} for s in upto}
+    for stage, module_field in (("pretrain", "pretrain_config"), ("mw", "mw_config"), ("mr", "mr_config")):
+        if stage in settings:  # the training config's contents, not just its module name
+            settings[stage]["resolved"] = _resolved_train_config(getattr(cfg, module_field), stage, cfg.train_overrides)
+    return _hash(settings)
+
+
+def _resolved_train_config(module: str, section: str, overrides: tuple[str, ...]) -> Any:
+    """A training config with the pipeline's own paths blanked, so editing e.g. `steps` in the module reruns it."""
+    from experiments.training import train_config
+
+    resolved = train_config(module, section, overrides, train_data="", tokenizer="", workdir="", init=None)
+    return dataclasses.asdict(resolved)
 
 
 class Pipeline:

@@ -54,3 +54,20 @@ def test_configs_load_and_sweeps():
         assert run.sweep_points(mod)
     points = run.sweep_points(run.load_config_module("table2"))
     assert ("row7", ("rows=('row7',)",)) in points
+
+
+def test_stage_key_follows_the_training_config_contents(monkeypatch):
+    """Editing a training config module (not only its name or an override) reruns that stage and later ones."""
+    import dataclasses as dc
+    import importlib
+
+    from experiments.pipeline import PipelineConfig, stage_key
+
+    cfg = PipelineConfig()
+    before = {s: stage_key(cfg, s) for s in ("mw", "mr", "memory")}
+    module = importlib.import_module("experiments.configs.mr_tiny")
+    original = module.get_config
+    monkeypatch.setattr(module, "get_config", lambda: dc.replace(original(), steps=original().steps + 1))
+    after = {s: stage_key(cfg, s) for s in ("mw", "mr", "memory")}
+    assert before["mw"] == after["mw"]
+    assert before["mr"] != after["mr"] and before["memory"] != after["memory"]
