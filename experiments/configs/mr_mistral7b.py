@@ -1,46 +1,19 @@
-"""The paper's memory-read adapter: LoRA on Mistral-7B-v0.1 with Appendix D's hyperparameters
-(lr 2e-5, 2 epochs, global batch 96, r 16 / alpha 8 / dropout 0.1, context 1024), bf16 compute and remat,
-FSDP over a TPU pod slice or a multi-GPU host (see docs/train.md for launch commands)."""
+"""The paper's memory-read adapter: the memory-write adapter's Mistral-7B settings (Appendix D; see
+experiments/configs/mw_mistral7b.py) on the read examples."""
 
 import dataclasses
 
-from memllm_jax.config import MISTRAL_7B, LoraConfig, MeshConfig
+from experiments.configs import mw_mistral7b
 from memllm_jax.train.config import TrainConfig
 
 
 def get_config() -> TrainConfig:
-    return TrainConfig(
+    return dataclasses.replace(
+        mw_mistral7b.get_config(),
         name="mr_mistral7b",
-        model=dataclasses.replace(MISTRAL_7B, param_dtype="bfloat16", compute_dtype="bfloat16", remat=True,
-                                  max_seq_len=1024),
-        mode="lora",
-        train_markers=True,
-        lora=LoraConfig(rank=16, alpha=8.0, dropout=0.1),
-        mesh=MeshConfig(data=1, fsdp=-1, tensor=1),
         train_data=("runs/redocred/data/train/read.jsonl",),
         eval_data=("runs/redocred/data/dev/read.jsonl",),
-        tokenizer="checkpoints/mistral-7b-v0.1",
-        seq_len=1024,
-        packing="pad",
-        buckets=(256, 512, 1024),
-        global_batch=96,
-        micro_batches=4,
-        steps=None,
-        epochs=2.0,
-        lr=2e-5,
-        warmup_steps=50,
-        schedule="linear",
-        end_lr_fraction=0.0,
-        weight_decay=0.0,
-        clip_norm=1.0,
-        eval_every=500,
-        eval_batch=32,
-        log_every=10,
-        checkpoint_every=500,
-        keep_checkpoints=3,
         workdir="runs/redocred/train/mr",
-        init_checkpoint="checkpoints/mistral-7b-v0.1",
-        compilation_cache=".xla_cache",
     )
 
 
