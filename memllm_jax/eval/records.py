@@ -13,7 +13,6 @@ to tokens through character offsets: a token belongs to a span when their charac
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from typing import Any, Sequence
 
@@ -21,6 +20,7 @@ import numpy as np
 
 from memllm_jax import protocol
 from memllm_jax.eval.mixture import char_spans_to_token_mask
+from memllm_jax.train.data import read_jsonl
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,21 +95,13 @@ def doc_from_record(rec: dict, where: str = "record") -> EvalDoc:
 
 
 def load_eval_docs(path: str | pathlib.Path, limit: int | None = None) -> list[EvalDoc]:
-    path = pathlib.Path(path)
     docs = []
-    with path.open() as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not JSON: {exc}") from exc
-            if rec.get("kind", "eval") != "eval":
-                continue
-            docs.append(doc_from_record(rec, f"{path}:{n}"))
-            if limit is not None and len(docs) >= limit:
-                break
+    for where, rec in read_jsonl(str(path)):
+        if rec.get("kind", "eval") != "eval":
+            continue
+        docs.append(doc_from_record(rec, where))
+        if limit is not None and len(docs) >= limit:
+            break
     return docs
 
 
