@@ -262,3 +262,32 @@ def iter_synthetic(n_docs: int, seed: int = 0, n_persons: int | None = None, sty
 
 def synthetic_rel_info() -> dict[str, str]:
     return dict(RELATIONS)
+
+
+def cloze_templates() -> dict[str, list[str]]:
+    """Relation label -> sentence templates of the corpus whose first slot after the subject is that relation's
+    object, written with `{S}` / `{S's}` for the subject and `{O}` for the object (for editing prompts: the
+    text before `{O}` is a cloze, the whole sentence with a new `{O}` is an edit statement)."""
+    out: dict[str, list[str]] = {}
+    for templates in TEMPLATES.values():
+        for template in templates:
+            slots = _SLOT.findall(template)
+            if len(slots) < 2 or slots[0] not in ("S", "S's") or not re.fullmatch(r"P\d+", slots[1]):
+                continue
+            if not template.startswith("{" + slots[0] + "}"):
+                continue
+            if "{" in template[len(slots[0]) + 2 : template.index("{" + slots[1] + "}")]:
+                continue  # another slot before the object
+            text = template[: template.index("{" + slots[1] + "}")] + "{O}."
+            label = RELATIONS[slots[1]]
+            if text not in out.setdefault(label, []):
+                out[label].append(text)
+    return out
+
+
+def fill_cloze(template: str, subject: str, obj: str | None = None) -> str:
+    """The template with the subject filled in; with `obj=None`, the text before `{O}` (the cloze prompt)."""
+    text = template.replace("{S's}", subject + "'s").replace("{S}", subject)
+    if obj is None:
+        return text[: text.index("{O}")]
+    return text.replace("{O}", obj)

@@ -40,6 +40,9 @@ class PipelineConfig:
     0 skips those rows."""
     vocab_size: int = 2048
     """Tokenizer vocabulary (byte-level BPE trained on the training documents)."""
+    tokenizer_texts: tuple[str, ...] = ("lm", "write", "read")
+    """Training example files (data/train/<kind>.jsonl) whose text trains the tokenizer: with the API examples
+    included, relation names and `>>` get their own tokens."""
     base_model: str = ""
     """An HF model directory (e.g. Mistral-7B converted weights) used as the base instead of pretraining;
     "" = pretrain the tiny base here."""
@@ -91,7 +94,7 @@ def _atomic_text(path: pathlib.Path, text: str) -> None:
 
 _DEPENDS = {
     "corpus": ("corpus", "synth_docs", "synth_seed", "labels", "eval_docs", "outside_docs"),
-    "tokenizer": ("vocab_size",),
+    "tokenizer": ("vocab_size", "tokenizer_texts"),
     "pretrain": ("base_model", "pretrain_config", "train_overrides"),
     "mw": ("mw_config", "train_overrides"),
     "mr": ("mr_config", "train_overrides"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 from typing import Iterable, Sequence
 
 from memllm_jax import protocol
@@ -87,6 +88,14 @@ def _check_no_marker_spelled(backend, path: str) -> None:
             raise ValueError(f"{path}: vocabulary token {i} ({surface!r}) spells a memory-API marker")
 
 
+def _between_markers(texts: Iterable[str]) -> Iterable[str]:
+    """The text between marker strings: markers encode as their own special tokens, so training text that
+    contains API calls must not let BPE merge across a marker's edge (e.g. `>>` + `)-->`)."""
+    marker_re = re.compile("|".join(re.escape(m) for m in sorted(protocol.MARKERS, key=len, reverse=True)))
+    for text in texts:
+        yield from (piece for piece in marker_re.split(text) if piece)
+
+
 def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike | None = None,
                     min_frequency: int = 2) -> Tokenizer:
     """Train a byte-level BPE on `texts` (escape document text first) and save it to `out_dir`."""
@@ -103,7 +112,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.Pat
         special_tokens=[AddedToken(s, special=True, normalized=False) for s in specials],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok.train_from_iterator(_between_markers(texts), trainer=trainer)
     _check_no_marker_spelled(tok, str(out_dir or "<trained tokenizer>"))
     result = Tokenizer(tok, bos_id=tok.token_to_id(BOS), eos_id=tok.token_to_id(EOS), pad_id=tok.token_to_id(PAD),
                        path=str(out_dir or ""))

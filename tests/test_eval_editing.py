@@ -65,3 +65,41 @@ def test_end_to_end_without_edits_keeps_locality(monkeypatch):
     assert set(res) == {"sequential", "single"}
     for r in res.values():
         assert r.loc == 1.0 and r.written_triples == 0 and 0.0 <= r.rel <= 1.0
+
+
+def test_cloze_prompt_and_answer():
+    tok = CharTokenizer()
+    ids = editing.build_cloze_prompt_ids(tok, "Ann worked for ")
+    assert ids[0] == tok.bos_id and ids[-1] == tok.marker_id[protocol.MEM_READ]
+    assert tok.decode(ids[1:-1]) == "Ann worked for "
+    assert editing.extract_cloze_answer(" Kerek Group. She was born") == "Kerek Group"
+    assert editing.extract_cloze_answer("12 March 1956, in Rome") == "12 March 1956"
+    assert editing.edit_sentence(EditRecord("Ann worked for ", "r", "Kerek", "l", statement="Ann worked for Kerek.")) \
+        == "Ann worked for Kerek."
+    with pytest.raises(ValueError, match="style"):
+        editing.answer_questions(None, tok, None, ["q"], (), style="chat")
+
+
+def test_synthetic_cloze_edits_come_from_the_corpus_templates():
+    from data_gen.docred import load_documents
+    from data_gen.gold_memory import gold_triples
+    from data_gen.synthetic import cloze_templates, fill_cloze, iter_synthetic, synthetic_rel_info
+    import json
+    import pathlib
+    import tempfile
+
+    from data_gen.edits import synthetic_edits
+
+    forms = cloze_templates()
+    assert all("{O}" in t and t.startswith(("{S}", "{S's}")) and t.endswith("{O}.") for ts in forms.values() for t in ts)
+    assert fill_cloze("{S's} spouse was {O}.", "Ann") == "Ann's spouse was "
+    assert fill_cloze("{S} married {O}.", "Ann", "Bob") == "Ann married Bob."
+    with tempfile.TemporaryDirectory() as d:
+        path = pathlib.Path(d) / "docs.json"
+        path.write_text(json.dumps(list(iter_synthetic(30, seed=1))))
+        docs = load_documents(str(path), synthetic_rel_info())
+    records = synthetic_edits([t for d in docs for t in gold_triples(d)], 10)
+    assert len(records) == 10
+    for r in records:
+        assert r.statement.startswith(r.src) and r.statement == r.src + r.alt + "."
+        assert r.src != r.rephrase and r.loc_ans and r.alt

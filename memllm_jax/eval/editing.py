@@ -10,6 +10,12 @@ read after its question; the test question follows and a read is forced right af
 the generated text (API calls removed) after the read, up to the first line break, with a leading "A:"
 dropped.
 
+Cloze style (`style="cloze"`, the embedded default's synthetic analogue): a tiny model trained only on the
+corpus's documents cannot follow a QA prompt, so each question is the start of a corpus-style sentence
+("Vos Grestougul worked for "), the edit is the whole sentence with the new object (`EditRecord.statement`),
+the read is forced right after the sentence start, and the answer is the continuation up to the end of
+its clause.
+
 Scoring rule (one number per question, averaged over records):
 - REL: the answer to `src` equals `alt`;
 - GEN: the answer to `rephrase` equals `alt`;
@@ -41,6 +47,8 @@ class EditRecord:
     alt: str
     loc: str
     loc_ans: str = ""
+    statement: str = ""
+    """The sentence the memory-write model reads; "" = `src + " It is or they are " + alt` (the paper's form)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +107,16 @@ def extract_answer(plain_text: str) -> str:
     return ""
 
 
+def extract_cloze_answer(plain_text: str) -> str:
+    """The generated continuation of a cloze prompt up to the end of its clause (`.`, `,`, `;` or a line break)."""
+    return re.split(r"[.,;\n]", plain_text, maxsplit=1)[0].strip()
+
+
+def build_cloze_prompt_ids(tok: Any, prompt: str) -> list[int]:
+    """BOS + the sentence start + an opened read call (the forced read), as in the read model's training text."""
+    return [tok.bos_id] + tok.encode(protocol.escape_text(prompt)) + [tok.marker_id[protocol.MEM_READ]]
+
+
 def build_prompt_ids(tok: Any, shots: Sequence[Shot], question: str) -> list[int]:
     """BOS + the shots + `Q: question` + an opened read call (the forced read)."""
     ids = [tok.bos_id]
@@ -113,7 +131,7 @@ def build_prompt_ids(tok: Any, shots: Sequence[Shot], question: str) -> list[int
 
 
 def edit_sentence(rec: EditRecord) -> str:
-    return rec.src + protocol.WRITE_BRIDGE + rec.alt
+    return rec.statement or rec.src + protocol.WRITE_BRIDGE + rec.alt
 
 
 def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord], *, batch_size: int = 16,
@@ -132,14 +150,21 @@ def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord], *, 
 
 
 def answer_questions(read_model: Any, tok: Any, memory: Any, questions: Sequence[str], shots: Sequence[Shot], *,
-                     max_new_tokens: int = 24, batch_size: int = 16) -> list[str]:
+                     max_new_tokens: int = 24, batch_size: int = 16, style: str = "qa") -> list[str]:
+    """Answers with a forced read: `style="qa"` asks `questions` in the 5-shot prompt; `"cloze"` continues
+    each question as a sentence start (no shots)."""
     from memllm_jax.decode.reader import generate_with_memory
 
+    if style not in ("qa", "cloze"):
+        raise ValueError(f"editing prompt style must be 'qa' or 'cloze', got {style!r}")
     if not questions:
         return []
-    prompts = [build_prompt_ids(tok, shots, q) for q in questions]
+    if style == "qa":
+        prompts, extract = [build_prompt_ids(tok, shots, q) for q in questions], extract_answer
+    else:
+        prompts, extract = [build_cloze_prompt_ids(tok, q) for q in questions], extract_cloze_answer
     res = generate_with_memory(read_model, tok, memory, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
-    return [extract_answer(r.plain_text) for r in res]
+    return [extract(r.plain_text) for r in res]
 
 
 @dataclasses.dataclass
@@ -179,7 +204,7 @@ def _score(records, ans_src, ans_reph, ans_loc, ans_loc_base, edits, regime) -> 
 def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, records: Sequence[EditRecord], *,
                      shots: Sequence[Shot] = ZSRE_SHOTS, regimes: Sequence[str] = ("sequential", "single"),
                      memory_config=EDITING_MEMORY, batch_size: int = 16, max_new_tokens: int = 24,
-                     progress: Callable[[str], None] | None = None) -> dict[str, EditingResult]:
+                     style: str = "qa", progress: Callable[[str], None] | None = None) -> dict[str, EditingResult]:
     """REL / GEN / LOC after all edits written in sequence ("sequential") and with one edit at a time ("single")."""
     from memllm_jax.memory import TripleMemory
 
@@ -187,7 +212,7 @@ def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, 
     say(f"  editing: writing {len(records)} edits with the memory-write model")
     edits = extract_edits(write_model, tok, records, batch_size=batch_size)
     ask = lambda mem, qs: answer_questions(read_model, tok, mem, qs, shots, max_new_tokens=max_new_tokens,  # noqa: E731
-                                           batch_size=batch_size)
+                                           batch_size=batch_size, style=style)
     empty = TripleMemory(encoder, memory_config)
     say("  editing: locality answers without edits")
     loc_base = ask(empty, [r.loc for r in records])

@@ -1,0 +1,39 @@
+"""Synthetic knowledge-editing records (the embedded default's Table 3 analogue) from held-out gold triples."""
+
+from __future__ import annotations
+
+import random
+from typing import Iterable
+
+from data_gen.synthetic import cloze_templates, fill_cloze
+from memllm_jax.eval.editing import EditRecord
+from memllm_jax.protocol import Triple
+
+
+def synthetic_edits(gold: Iterable[Triple], n: int, seed: int = 0) -> list[EditRecord]:
+    """Cloze-style edit records from held-out gold `Triple`s (see memllm_jax/eval/editing.py): the question is the
+    start of one of the corpus's sentences for the triple's relation, the rephrase the start of another one,
+    the new answer another object seen with the same relation, the locality question the start of a
+    sentence about a different fact. Only relations with at least two sentence forms are edited."""
+    forms = {rel: ts for rel, ts in cloze_templates().items() if len(ts) >= 2}
+    triples = sorted({t for t in gold if t.relation in forms})
+    rng = random.Random(seed)
+    rng.shuffle(triples)
+    by_rel: dict[str, list[str]] = {}
+    for t in triples:
+        by_rel.setdefault(t.relation, []).append(t.object)
+    records, used = [], set()
+    for k, t in enumerate(triples):
+        if len(records) >= n:
+            break
+        alts = sorted({o for o in by_rel[t.relation] if o != t.object})
+        if not alts or (t.subject, t.relation) in used:
+            continue
+        used.add((t.subject, t.relation))
+        first, second = rng.sample(forms[t.relation], 2)
+        alt = rng.choice(alts)
+        loc = triples[(k + len(triples) // 2) % len(triples)]
+        records.append(EditRecord(fill_cloze(first, t.subject), fill_cloze(second, t.subject), alt,
+                                  fill_cloze(rng.choice(forms[loc.relation]), loc.subject), loc.object,
+                                  statement=fill_cloze(first, t.subject, alt)))
+    return records
