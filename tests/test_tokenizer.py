@@ -70,3 +70,13 @@ def test_hf_directory_gets_markers(tmp_path):
 def test_too_small_vocab_is_a_clear_error():
     with pytest.raises(ValueError, match="too small"):
         train_tokenizer(CORPUS, 100, None)
+
+
+def test_training_on_api_examples_never_merges_across_a_marker():
+    """`>>` followed by `)-->` is frequent in read calls; BPE must not learn a token spelling a marker."""
+    calls = [f"{P.MEM_READ}Ann Lee>>employer>>{P.READ_END}Kerek Group{P.CALL_END}Kerek Group." for _ in range(200)]
+    tok = train_tokenizer(calls + ["Ann Lee worked for Kerek Group."] * 50, 300 + len(P.MARKERS) + 4)
+    ids = tok.encode(calls[0])
+    assert tok.decode(ids) == calls[0]
+    assert tok.marker_id[P.READ_END] in ids and tok.marker_id[P.CALL_END] in ids
+    assert len(tok.encode(">>")) == 1  # the separator itself did become one token
