@@ -17,12 +17,12 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from memllm_jax import protocol
 from memllm_jax.decode import state as st
 from memllm_jax.decode.loop import _layered, _stacked, host, prefill, split_model, vocab_size
+from memllm_jax.decode.prefix import prefill_shared
 
 PATIENCE = 5
 """K in Appendix A."""
@@ -84,13 +84,31 @@ def write_loop(graphdef, params, s: st.WriteState, spec: WriteSpec) -> st.WriteS
     return s.replace(cache=_stacked(s.cache))
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
+def _start_and_loop(graphdef, params, cache, logits_BxV, n_active, spec: WriteSpec) -> st.WriteState:
+    """The initial `WriteState` (rows from `n_active` on are batch padding, IDLE) and `write_loop`, in one
+    dispatch (building the state on the host costs a transfer per field)."""
+    B = logits_BxV.shape[0]
+    s = st.WriteState(
+        cache=cache, logits_BxV=logits_BxV, out_BxT=jnp.zeros((B, spec.max_new_tokens), jnp.int32),
+        n_out_B=jnp.zeros(B, jnp.int32), status_B=jnp.where(jnp.arange(B) < n_active, st.RUNNING, st.IDLE),
+        sum_logp_B=jnp.zeros(B), best_score_B=jnp.full(B, -jnp.inf), best_cut_B=jnp.full(B, -1, jnp.int32),
+        n_cuts_B=jnp.zeros(B, jnp.int32), no_improve_B=jnp.zeros(B, jnp.int32))
+    return write_loop(graphdef, params, s, spec)
+
+
 def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int = 128,
                   late_stopping: bool = True, patience: int = PATIENCE, make_cache=None,
-                  pad_to: int | None = None) -> list[dict]:
+                  pad_to: int | None = None, share_prefixes: bool = True, split=None) -> list[dict]:
     """Decode the write call after each prompt (which ends with `({MEM_WRITE-->`). Returns per prompt the
-    body tokens up to the chosen cut (`ids`), the call text, the cut points and the stop reason."""
-    graphdef, params = split_model(model)
+    body tokens up to the chosen cut (`ids`), the call text, the cut points and the stop reason.
+
+    `share_prefixes`: prompts sharing a token prefix (one document's pretext) prefill it once
+    (`prefix.prefill_shared`). `split`: `split_model(model)` when the caller already has it."""
     B = len(prompt_ids)
+    if B == 0:
+        return []
+    graphdef, params = split_model(model) if split is None else split
     rows = [list(p) for p in prompt_ids] + [[tokenizer.bos_id]] * max(0, (pad_to or B) - B)
     Bp = len(rows)
     max_len = -(-(max(len(p) for p in rows) + max_new_tokens + 1) // 64) * 64  # few distinct cache sizes
@@ -100,18 +118,15 @@ def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_
         from memllm_jax.model.mistral import init_cache
 
         make_cache = functools.partial(init_cache, model.cfg)
-    cache, logits = prefill(graphdef, params, make_cache(Bp, max_len),
-                            jnp.zeros((Bp, vocab_size(model, tokenizer))), rows)
-    status = np.full(Bp, st.RUNNING, np.int32)
-    status[B:] = st.IDLE
-    s = st.WriteState(
-        cache=cache, logits_BxV=logits, out_BxT=jnp.zeros((Bp, max_new_tokens), jnp.int32),
-        n_out_B=jnp.zeros(Bp, jnp.int32), status_B=jnp.asarray(status), sum_logp_B=jnp.zeros(Bp),
-        best_score_B=jnp.full(Bp, -jnp.inf), best_cut_B=jnp.full(Bp, -1, jnp.int32),
-        n_cuts_B=jnp.zeros(Bp, jnp.int32), no_improve_B=jnp.zeros(Bp, jnp.int32))
+    V = vocab_size(model, tokenizer)
+    if share_prefixes:
+        cache, logits = prefill_shared(graphdef, params, make_cache, max_len, V, rows, n_active=B)
+    else:
+        cache, logits = prefill(graphdef, params, make_cache(Bp, max_len), jnp.zeros((Bp, V)),
+                                [r if b < B else [] for b, r in enumerate(rows)])
     spec = WriteSpec(max_new_tokens=max_new_tokens, close_id=tokenizer.marker_id[protocol.CALL_END],
                      eos_id=tokenizer.eos_id, max_len=max_len, patience=patience, late_stopping=late_stopping)
-    s = write_loop(graphdef, params, s, spec)
+    s = _start_and_loop(graphdef, params, cache, logits, jnp.int32(B), spec)
     out, n, cut, score, n_cuts, status = map(host, (s.out_BxT, s.n_out_B, s.best_cut_B, s.best_score_B, s.n_cuts_B,
                                                     s.status_B))
     mem_write = tokenizer.marker_id[protocol.MEM_WRITE]
@@ -195,14 +210,16 @@ class WriteStats:
 def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_size: int = 16,
                  max_new_tokens: int = 128, pretext_sentences: int = 10, max_prompt_tokens: int = 384,
                  late_stopping: bool = True, patience: int = PATIENCE, make_cache=None,
-                 on_batch=None) -> WriteStats:
+                 on_batch=None, share_prefixes: bool = True) -> WriteStats:
     """Extract triples from every sentence of `documents` and add them to `memory`.
 
-    Batches mix sentences of consecutive documents. `on_batch(stats, finished_doc_ids)` runs after every
+    Batches mix sentences of consecutive documents; the prompts of one document share their pretext, which
+    is prefilled once per batch (`share_prefixes`). `on_batch(stats, finished_doc_ids)` runs after every
     batch (progress bars, checkpoints for resuming): `finished_doc_ids` are the documents all of whose
     sentences are now in the memory.
     """
     stats = WriteStats()
+    split = split_model(model)
     pending: list[tuple[str, str, list[int]]] = []
     remaining: dict[str, int] = {}
 
@@ -211,7 +228,7 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
             batch, pending[:] = pending[:batch_size], pending[batch_size:]
             outs = decode_writes(model, tokenizer, [p for _, _, p in batch], max_new_tokens=max_new_tokens,
                                  late_stopping=late_stopping, patience=patience, make_cache=make_cache,
-                                 pad_to=batch_size)
+                                 pad_to=batch_size, share_prefixes=share_prefixes, split=split)
             finished = []
             for (doc_id, source, _), out in zip(batch, outs):
                 stats.sentences += 1

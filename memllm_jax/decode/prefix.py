@@ -1,0 +1,112 @@
+"""Prefill a batch whose prompts share token prefixes once per prefix, not once per row.
+
+Memory-write prompts of one document share their pretext: with the pretext window (default 10 sentences)
+not yet sliding, sentence i's prompt `BOS + S_<i + ({USER_ST}) s_i ...` starts with everything sentence
+i-1's prompt has before its `({USER_ST})`. A causal model's keys/values for a common token prefix at the
+same positions are the same in every row, so the batch is prefilled in two calls:
+
+1. the *trunk* rows (no longer prompt in the batch shares enough with them) are prefilled in a small
+   cache of their own;
+2. every row takes the trunk's keys/values for the prefix it shares (a gather on the batch axis) and
+   prefills only its own rest.
+
+Rows that share nothing worth the extra call are their own trunks; with no sharing at all this is one
+ordinary prefill. Only the model's `KVCache` is grafted; other caches use the plain prefill.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from memllm_jax.decode.loop import prefill
+
+MIN_SHARE = 16
+"""Fewest shared tokens for a row to take its prefix from a trunk (below this the row is a trunk)."""
+MIN_SAVED = 64
+"""Fewest prefill tokens saved in a batch for the two-call path to be used at all."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SharePlan:
+    trunks: tuple[int, ...]
+    """Row indices prefilled whole in the first call."""
+    src: tuple[int, ...]
+    """Per row: its trunk's position in `trunks` (a trunk points at itself; rows not prefilled: 0)."""
+    shared: tuple[int, ...]
+    """Per row: tokens taken from the trunk (a trunk: its whole prompt; rows not prefilled: 0)."""
+
+    @property
+    def saved(self) -> int:
+        return sum(n for r, n in enumerate(self.shared) if r not in self.trunks)
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+def plan_sharing(rows: Sequence[Sequence[int]], n_active: int | None = None, min_share: int = MIN_SHARE) -> SharePlan:
+    """Greedy, longest prompt first: a row takes the longest common prefix it has with an existing trunk
+    (at most all but its last token, whose logits it must compute), or becomes a trunk. Rows from
+    `n_active` on (batch padding) are not prefilled."""
+    n_active = len(rows) if n_active is None else n_active
+    arrays = [np.asarray(r, np.int64) for r in rows]
+    trunks: list[int] = []
+    src, shared = [0] * len(rows), [0] * len(rows)
+    for r in sorted(range(n_active), key=lambda i: -len(arrays[i])):
+        best, best_t = 0, -1
+        for pos, t in enumerate(trunks):
+            c = min(_common_prefix(arrays[r], arrays[t]), len(arrays[r]) - 1)
+            if c > best:
+                best, best_t = c, pos
+        if best >= min_share:
+            src[r], shared[r] = best_t, best
+        else:
+            src[r], shared[r] = len(trunks), len(arrays[r])
+            trunks.append(r)
+    return SharePlan(tuple(trunks), tuple(src), tuple(shared))
+
+
+@jax.jit
+def _graft(trunk, trunk_logits_TxV, src_B, shared_B, is_trunk_B):
+    """Rows of a new cache: row b holds trunk `src_B[b]`'s first `shared_B[b]` slots (zeros after)."""
+    from memllm_jax.model.mistral import KVCache
+
+    S = trunk.k_LxBxSxKxH.shape[2]
+    keep_1xBxSx1x1 = (jnp.arange(S)[None, :] < shared_B[:, None])[None, :, :, None, None]
+    k = jnp.where(keep_1xBxSx1x1, jnp.take(trunk.k_LxBxSxKxH, src_B, axis=1), 0)
+    v = jnp.where(keep_1xBxSx1x1, jnp.take(trunk.v_LxBxSxKxH, src_B, axis=1), 0)
+    logits_BxV = jnp.where(is_trunk_B[:, None], jnp.take(trunk_logits_TxV, src_B, axis=0), 0.0)
+    return KVCache(k, v, shared_B.astype(jnp.int32)), logits_BxV
+
+
+def prefill_shared(graphdef, params, make_cache, max_len: int, vocab: int, rows: Sequence[Sequence[int]],
+                   n_active: int | None = None, plan: SharePlan | None = None):
+    """A fresh cache of `len(rows)` rows x `max_len` slots holding `rows[b]` for b < n_active (later rows
+    stay empty), and each row's next-token logits; equal to `prefill` of the whole rows up to float
+    rounding."""
+    from memllm_jax.model.mistral import KVCache
+
+    B = len(rows)
+    n_active = B if n_active is None else n_active
+    cache = make_cache(B, max_len)
+    plan = plan_sharing(rows, n_active) if plan is None else plan
+    if not isinstance(cache, KVCache) or plan.saved < MIN_SAVED:
+        active = [list(r) if b < n_active else [] for b, r in enumerate(rows)]
+        return prefill(graphdef, params, cache, jnp.zeros((B, vocab)), active)
+    T = 1 << max(0, (len(plan.trunks) - 1).bit_length())  # a power of two: few compiled shapes
+    trunk_rows = [list(rows[t]) for t in plan.trunks] + [[]] * (T - len(plan.trunks))
+    trunk, trunk_logits = prefill(graphdef, params, make_cache(T, max_len), jnp.zeros((T, vocab)), trunk_rows)
+    is_trunk = np.zeros(B, bool)
+    is_trunk[list(plan.trunks)] = True
+    cache, logits = _graft(trunk, trunk_logits, jnp.asarray(plan.src, jnp.int32), jnp.asarray(plan.shared, jnp.int32),
+                           jnp.asarray(is_trunk))
+    rest = [list(rows[b][plan.shared[b]:]) if b < n_active and not is_trunk[b] else [] for b in range(B)]
+    return prefill(graphdef, params, cache, logits, rest)
+
