@@ -52,24 +52,47 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def plan_sharing(rows: Sequence[Sequence[int]], n_active: int | None = None, min_share: int = MIN_SHARE) -> SharePlan:
-    """Greedy, longest prompt first: a row takes the longest common prefix it has with an existing trunk
-    (at most all but its last token, whose logits it must compute), or becomes a trunk. Rows from
-    `n_active` on (batch padding) are not prefilled."""
+    """Longest prompt first, a row takes the longest common prefix it has with an existing trunk (at most
+    all but its last token, whose logits it must compute), or becomes a trunk. Then, while it lowers the
+    padded prefill work (trunks x their bucket + rows x the bucket of the longest rest), the row with the
+    longest rest becomes a trunk too: one row sharing little would otherwise widen every row's second
+    prefill. Rows from `n_active` on (batch padding) are not prefilled."""
+    from memllm_jax.decode.loop import bucket
+
     n_active = len(rows) if n_active is None else n_active
     arrays = [np.asarray(r, np.int64) for r in rows]
-    trunks: list[int] = []
-    src, shared = [0] * len(rows), [0] * len(rows)
-    for r in sorted(range(n_active), key=lambda i: -len(arrays[i])):
-        best, best_t = 0, -1
-        for pos, t in enumerate(trunks):
-            c = min(_common_prefix(arrays[r], arrays[t]), len(arrays[r]) - 1)
-            if c > best:
-                best, best_t = c, pos
-        if best >= min_share:
-            src[r], shared[r] = best_t, best
-        else:
-            src[r], shared[r] = len(trunks), len(arrays[r])
-            trunks.append(r)
+    order = sorted(range(n_active), key=lambda i: -len(arrays[i]))
+
+    def assign(forced: set[int]) -> tuple[list[int], list[int], list[int]]:
+        trunks, src, shared = [], [0] * len(rows), [0] * len(rows)
+        for r in order:
+            best, best_t = 0, -1
+            if r not in forced:
+                for pos, t in enumerate(trunks):
+                    c = min(_common_prefix(arrays[r], arrays[t]), len(arrays[r]) - 1)
+                    if c > best:
+                        best, best_t = c, pos
+            if best >= min_share:
+                src[r], shared[r] = best_t, best
+            else:
+                src[r], shared[r] = len(trunks), len(arrays[r])
+                trunks.append(r)
+        return trunks, src, shared
+
+    def cost(trunks, shared) -> int:
+        rest = [len(arrays[r]) - shared[r] for r in range(n_active) if r not in trunks]
+        T = 1 << max(0, (len(trunks) - 1).bit_length())
+        return T * bucket(max(len(arrays[t]) for t in trunks)) + (len(rows) * bucket(max(rest)) if rest else 0)
+
+    forced: set[int] = set()
+    trunks, src, shared = assign(forced)
+    while n_active and len(trunks) < n_active:
+        worst = max((r for r in range(n_active) if r not in trunks), key=lambda r: len(arrays[r]) - shared[r])
+        trial = assign(forced | {worst})
+        if cost(trial[0], trial[2]) >= cost(trunks, shared):
+            break
+        forced.add(worst)
+        trunks, src, shared = trial
     return SharePlan(tuple(trunks), tuple(src), tuple(shared))
 
 

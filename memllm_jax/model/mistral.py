@@ -161,14 +161,22 @@ class Attention(nnx.Module):
         K, G, H = self.n_kv, self.group, self.head_dim
         S = k_BxSxKxH.shape[1]
         if L == 1:
-            # One new token (a decode step): multiply-and-reduce over the cache in its stored layout (it is
-            # memory-bound either way; a matmul would first copy both caches into (B, K, S, H)).
-            q_Bx1xKxGxH = (q_BxLxNxH * jnp.asarray(H**-0.5, q_BxLxNxH.dtype)).reshape(B, 1, K, G, H)
-            k_BxSxKx1xH = k_BxSxKxH[:, :, :, None, :].astype(jnp.float32)
-            scores_BxSxKxG = jnp.sum(q_Bx1xKxGxH.astype(jnp.float32) * k_BxSxKx1xH, axis=-1)
+            # One new token (a decode step), on the cache in its stored layout (no transposed copy): the
+            # query becomes a block-diagonal (K*H) x (K*G) matrix, so the scores of all heads are one
+            # matmul per row over the cache's contiguous (S, K*H) view, and the output one more, whose
+            # K x K head blocks keep the diagonal. K times the multiply-adds of the head-by-head products,
+            # but on CPU ~2x faster at 16 rows x 384 slots than multiply-and-reduce (measured; XLA lowers
+            # the (B, K)-batched alternatives to many tiny matmuls). Off-diagonal terms are exact zeros.
+            eye_KxK = jnp.eye(K, dtype=jnp.float32)
+            q_BxKxGxH = (q_BxLxNxH * jnp.asarray(H**-0.5, q_BxLxNxH.dtype)).reshape(B, K, G, H).astype(jnp.float32)
+            q_BxCxD = jnp.einsum("BKGH,KJ->BKHJG", q_BxKxGxH, eye_KxK).reshape(B, K * H, K * G)
+            k_BxSxC = k_BxSxKxH.reshape(B, S, K * H).astype(jnp.float32)
+            scores_BxSxKxG = jnp.einsum("BSC,BCD->BSD", k_BxSxC, q_BxCxD).reshape(B, S, K, G)
             scores_BxSxKxG = jnp.where(mask_BxLxS[:, 0, :, None, None], scores_BxSxKxG, NEG_INF)
-            probs_BxSxKxG = jax.nn.softmax(scores_BxSxKxG, axis=1)  # float32 sums, as the matmul path accumulates
-            out_BxKxGxH = jnp.sum(probs_BxSxKxG[..., None] * v_BxSxKxH[:, :, :, None, :].astype(jnp.float32), axis=1)
+            probs_BxSxD = jax.nn.softmax(scores_BxSxKxG, axis=1).reshape(B, S, K * G)  # float32 sums
+            v_BxSxC = v_BxSxKxH.reshape(B, S, K * H).astype(jnp.float32)
+            out_BxKxGxKxH = jnp.einsum("BSD,BSC->BDC", probs_BxSxD, v_BxSxC).reshape(B, K, G, K, H)
+            out_BxKxGxH = jnp.einsum("BKGJH,KJ->BKGH", out_BxKxGxKxH, eye_KxK)
             out_BxLxNxH = out_BxKxGxH.astype(q_BxLxNxH.dtype).reshape(B, 1, K * G, H)
             return self.o(out_BxLxNxH, deterministic), new_kv
         # Canonical batched matmuls over (B, K) with the G query heads of a kv head folded into the rows
