@@ -268,7 +268,10 @@ class Mistral(nnx.Module):
         attn_mask_BxL: jax.Array | None = None,
         cache: KVCache | None = None,
         deterministic: bool = True,
+        segment_ids_BxL: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
+        """`segment_ids_BxL` (no cache only): several examples packed in a row, each with its own positions
+        from 0; a token attends only to earlier tokens of its own segment."""
         cfg = self.cfg
         B, L = tokens_BxL.shape
         compute = jnp.dtype(cfg.compute_dtype)
@@ -294,6 +297,10 @@ class Mistral(nnx.Module):
         mask_BxLxS = key_ok_BxS[:, None, :] & (delta_BxLxS >= 0)
         if cfg.sliding_window is not None:
             mask_BxLxS &= delta_BxLxS < cfg.sliding_window
+        if segment_ids_BxL is not None:
+            if cache is not None:
+                raise ValueError("segment_ids_BxL (packed examples) is for cache-free forwards only")
+            mask_BxLxS &= segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
 
         run = _run_block_remat if cfg.remat and cache is None else _run_block
         layered = cache is not None and isinstance(cache.k_LxBxSxKxH, (tuple, list))

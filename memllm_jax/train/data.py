@@ -12,6 +12,10 @@ Two ways to fill rows:
   loss span alone does not fit are dropped and counted.
 - "pack": the examples of an epoch (shuffled) are concatenated into one stream cut into rows of
   `seq_len + 1` tokens (continuous positions, documents separated by BOS/EOS) - for pretraining.
+- "pack_examples": whole examples share rows (first-fit, longest first, inside windows of shuffled
+  examples); each keeps its own positions from 0 and `segment_ids` keep attention inside it, so a row
+  computes exactly what one padded row per example would, with far less padding - for finetuning on
+  short examples (memory-write / memory-read). One row length (`seq_len`), so one compilation.
 
 The batch plan is a pure function of (seed, epoch, batch index), built by every process identically; the
 global batch is laid out `[micro_batches, rows]` and each process materialises only its slice of the rows
@@ -197,6 +201,8 @@ class BatchPlan:
     rows: tuple[tuple[tuple[int, int, int], ...], ...]
     length: int
     """Input length L of every row (targets have the same length)."""
+    separate: bool = False
+    """Each piece is a whole example with its own positions and segment ("pack_examples")."""
 
 
 class Planner:
@@ -204,8 +210,8 @@ class Planner:
 
     def __init__(self, corpus: Corpus, *, seq_len: int, global_batch: int, packing: str, seed: int,
                  shuffle: bool = True, buckets: Sequence[int] = (), window: int = 32, drop_last: bool = True):
-        if packing not in ("pad", "pack"):
-            raise ValueError(f"TrainConfig.packing must be 'pad' or 'pack', got {packing!r}")
+        if packing not in ("pad", "pack", "pack_examples"):
+            raise ValueError(f"TrainConfig.packing must be 'pad', 'pack' or 'pack_examples', got {packing!r}")
         self.corpus, self.seq_len, self.global_batch = corpus, seq_len, global_batch
         self.packing, self.seed, self.shuffle, self.window, self.drop_last = packing, seed, shuffle, window, drop_last
         self.buckets = tuple(sorted(buckets)) if buckets else default_buckets(seq_len)
@@ -230,7 +236,39 @@ class Planner:
         order = self._order(epoch)
         if self.packing == "pack":
             return self._pack(order)
+        if self.packing == "pack_examples":
+            return self._pack_examples(order, epoch)
         return self._pad(order, epoch)
+
+    def _pack_examples(self, order: np.ndarray, epoch: int) -> tuple[BatchPlan, ...]:
+        """First-fit decreasing bin packing of whole examples (n tokens use n - 1 input slots) per window."""
+        B, cap = self.global_batch, self.seq_len
+        rows: list[list[int]] = []
+        for w in range(0, len(order), self.window * B):
+            part = order[w : w + self.window * B]
+            part = part[np.argsort(-self.lengths[part], kind="stable")]
+            free: list[int] = []
+            members: list[list[int]] = []
+            for idx in part.tolist():
+                need = int(self.lengths[idx]) - 1
+                slot = next((k for k, f in enumerate(free) if f >= need), None)
+                if slot is None:
+                    free.append(cap - need)
+                    members.append([idx])
+                else:
+                    free[slot] -= need
+                    members[slot].append(idx)
+            rows += members
+        if self.shuffle:
+            perm = np.random.default_rng([self.seed, epoch, 2]).permutation(len(rows))
+            rows = [rows[i] for i in perm]
+        n_batches = len(rows) // B if self.drop_last else -(-len(rows) // B)
+        plans = []
+        for b in range(n_batches):
+            chunk = [tuple((i, 0, int(self.lengths[i])) for i in r) for r in rows[b * B : (b + 1) * B]]
+            chunk += [()] * (B - len(chunk))
+            plans.append(BatchPlan(tuple(chunk), cap, separate=True))
+        return tuple(plans)
 
     def _pack(self, order: np.ndarray) -> tuple[BatchPlan, ...]:
         row_tokens = self.seq_len + 1
@@ -297,6 +335,17 @@ def materialize(plan: BatchPlan, corpus: Corpus, *, pad_id: int, micro_batches: 
         for r in range(local):
             pieces = plan.rows[m * rows_per_micro + process_index * local + r]
             if not pieces:
+                continue
+            if plan.separate:  # whole examples, each shifted on its own, positions from 0, own segment
+                at = 0
+                for k, (i, a, b) in enumerate(pieces):
+                    ids, flags = corpus.examples[i].ids[a:b], corpus.examples[i].loss[a:b]
+                    n = len(ids) - 1
+                    sl = slice(at, at + n)
+                    inputs[m, r, sl], targets[m, r, sl], loss_mask[m, r, sl] = ids[:-1], ids[1:], flags[1:]
+                    attn_mask[m, r, sl], segment_ids[m, r, sl] = True, k + 1
+                    positions[m, r, sl] = np.arange(n)
+                    at += n
                 continue
             ids = np.concatenate([corpus.examples[i].ids[a:b] for i, a, b in pieces])
             flags = np.concatenate([corpus.examples[i].loss[a:b] for i, a, b in pieces])

@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any, Callable
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 import optax
 from flax import nnx, struct
@@ -22,7 +23,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from memllm_jax.sharding import state_shardings
 from memllm_jax.train.loss import masked_cross_entropy
 
-BATCH_FIELDS = ("inputs", "targets", "loss_mask", "attn_mask", "positions")
+BATCH_FIELDS = ("inputs", "targets", "loss_mask", "attn_mask", "positions", "segment_ids")
+"""`segment_ids` numbers the examples packed in a row (attention stays within one); a batch without it is one
+example per row."""
 
 
 @struct.dataclass
@@ -106,7 +109,8 @@ def make_train_step(split: Split, tx: optax.GradientTransformation, mesh: Mesh, 
 
             def loss_fn(params, rngs):  # rngs passed in so their counters are updated at this trace level
                 model = nnx.merge(graphdef, params, rngs, frozen, copy=True)
-                logits, _ = model(mb["inputs"], mb["positions"], mb["attn_mask"], deterministic=False)
+                logits, _ = model(mb["inputs"], mb["positions"], mb["attn_mask"], deterministic=False,
+                                  segment_ids_BxL=mb["segment_ids"])
                 total, _ = masked_cross_entropy(logits, mb["targets"], mb["loss_mask"])
                 return total / denom, (total, nnx.state(model, nnx.RngState))
 
@@ -151,7 +155,8 @@ def make_eval_step(split: Split, mesh: Mesh, shardings: TrainState):
 
     def eval_fn(params, rngs, frozen, batch):
         model = nnx.merge(graphdef, params, rngs, frozen, copy=True)
-        logits, _ = model(batch["inputs"], batch["positions"], batch["attn_mask"], deterministic=True)
+        logits, _ = model(batch["inputs"], batch["positions"], batch["attn_mask"], deterministic=True,
+                          segment_ids_BxL=batch["segment_ids"])
         return masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
 
     frozen_sh = _var_shardings(split.frozen, mesh)
@@ -172,6 +177,8 @@ def to_global(local: dict, mesh: Mesh, micro: bool = True) -> dict[str, jax.Arra
     """Assemble this process's slice of a batch into global arrays sharded over the batch axes."""
     sh = batch_shardings(mesh, micro)
     out = {}
+    local = dict(local)
+    local.setdefault("segment_ids", np.asarray(local["attn_mask"]).astype(np.int32))  # one example per row
     for k in BATCH_FIELDS:
         x = local[k]
         axis = 1 if micro else 0
