@@ -143,6 +143,9 @@ def stage_table2(self):
     from memllm_jax.eval.perplexity import evaluate_perplexity
     from memllm_jax.eval.rows import get_rows
 
+    if not self.cfg.rows:
+        self.say("  no rows selected: skipped (earlier results kept)")
+        return {"skipped": True}
     docs, tok, results = self.eval_docs(), self.tokenizer(), {}
     path = self.out / "results" / "table2.json"
     for row in get_rows(self.cfg.rows):
@@ -182,9 +185,12 @@ def stage_editing(self):
     res = evaluate_editing(self.model("mw"), self.model("mr"), self.tokenizer(), self.encoder(), records, shots=shots,
                            regimes=self.cfg.editing_regimes, style=style, progress=self.say)
     out = {k: v.to_json() for k, v in res.items()}
-    _atomic_json(self.out / "results" / "table3.json", out)
-    md = table3_markdown(out, "Table 3 analogue (ours, synthetic edits)" if self.cfg.editing == "synthetic" else "Table 3 (ours, ZsRE)")
-    _atomic_text(self.out / "results" / "table3.md", md + "\n")
+    # a ZsRE file's results sit next to the synthetic analogue's: `table3_<file stem>.*`
+    stem = "table3" if self.cfg.editing == "synthetic" else "table3_" + pathlib.Path(self.cfg.editing).stem
+    _atomic_json(self.out / "results" / f"{stem}.json", out)
+    md = table3_markdown(out, "Table 3 analogue (ours, synthetic edits)" if self.cfg.editing == "synthetic"
+                         else f"Table 3 (ours, {pathlib.Path(self.cfg.editing).name}, {len(records)} records)")
+    _atomic_text(self.out / "results" / f"{stem}.md", md + "\n")
     self.say(md)
     return {"regimes": list(out)}
 
@@ -195,6 +201,9 @@ def stage_scaling(self):
     from memllm_jax.eval.rows import ROWS
     from memllm_jax.eval.scaling import memory_growth, perplexity_vs_memory_size
 
+    if not self.cfg.scaling_sizes and not self.cfg.growth_checkpoints:
+        self.say("  no scaling sizes or growth checkpoints: skipped (earlier results kept)")
+        return {"skipped": True}
     docs = self.eval_docs()
     base = sorted({t for d in docs for t in d.doc.triples})
     base_set = set(base)
@@ -218,7 +227,7 @@ def stage_scaling(self):
 def stage_report(self):
     res = self.out / "results"
     parts = [f"# MemLLM ({self.cfg.name}) results", "", f"Output directory: `{self.out}`", ""]
-    for name in ("table2.md", "table3.md", "scaling.md"):
+    for name in ("table2.md", *sorted(p.name for p in res.glob("table3*.md")), "scaling.md"):
         if (res / name).exists():
             parts += [(res / name).read_text(), ""]
     for name in ("table2.png", "scaling.png"):
