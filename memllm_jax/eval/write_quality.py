@@ -19,7 +19,7 @@ def _key(subject: str, relation: str, obj: str) -> tuple[str, str, str]:
 def write_agreement(written: Iterable[dict | protocol.Triple], gold: Iterable[protocol.Triple]) -> dict:
     """Precision / recall / F1 of written triples (memory records or Triples) against gold Triples."""
     def key(t):
-        return _key(t["subject"], t["relation"], t["object"]) if isinstance(t, dict) else _key(*t)
+        return _key(t["subject"], t["relation"], t["object"]) if isinstance(t, dict) else _key(t.subject, t.relation, t.object)
 
     written_keys, gold_keys = {key(t) for t in written}, {key(t) for t in gold}
     hit = len(written_keys & gold_keys)
