@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import json
 import pathlib
 import threading
@@ -53,6 +54,31 @@ def _clean(name, where: str, max_chars: int) -> str:
         raise MemoryInputError(f"{where}: name has {len(out)} characters, the limit is {max_chars} "
                                f"(MemoryConfig.max_name_chars): {out[:40]!r}...")
     return out
+
+
+def _clean_triples(triples: Sequence[Triple], max_chars: int) -> tuple[list[str], list[str], list[str]]:
+    """Cleaned (subjects, relations, objects). Each distinct raw name is checked once; if any is bad, the
+    per-triple pass raises naming the first bad triple and field."""
+    subj = [t.subject for t in triples]
+    rel = [t.relation for t in triples]
+    obj = [t.object for t in triples]
+    try:
+        raw = dict.fromkeys(itertools.chain(subj, rel, obj))
+    except TypeError:  # an unhashable name
+        raw = None
+    if raw is not None:
+        ok = {}
+        for name in raw:
+            out = name.strip() if isinstance(name, str) else ""
+            if not out or len(out) > max_chars:
+                break
+            ok[name] = out
+        else:
+            return [ok[n] for n in subj], [ok[n] for n in rel], [ok[n] for n in obj]
+    for k, t in enumerate(triples):
+        for field in ("subject", "relation", "object"):
+            _clean(getattr(t, field), f"triple {k}: {field}", max_chars)
+    raise AssertionError("unreachable: a bad name was found above")  # pragma: no cover
 
 
 class TripleMemory:
@@ -123,55 +149,45 @@ class TripleMemory:
         every triple (a document / sentence id, "import"), or one source per triple; `seqs` optionally sets
         the insertion-order numbers (import keeps those of the export).
         """
-        mc = self.config.max_name_chars
-        clean = [Triple(_clean(t.subject, f"triple {k}: subject", mc), _clean(t.relation, f"triple {k}: relation", mc),
-                        _clean(t.object, f"triple {k}: object", mc)) for k, t in enumerate(triples)]
-        if seqs is not None and len(seqs) != len(clean):
-            raise MemoryInputError(f"add: {len(seqs)} seqs for {len(clean)} triples")
-        sources = [source] * len(clean) if isinstance(source, str) else list(source)
-        if len(sources) != len(clean):
-            raise MemoryInputError(f"add: {len(sources)} sources for {len(clean)} triples")
+        subj, rel, obj = _clean_triples(triples, self.config.max_name_chars)
+        if seqs is not None and len(seqs) != len(subj):
+            raise MemoryInputError(f"add: {len(seqs)} seqs for {len(subj)} triples")
+        sources = None if isinstance(source, str) else list(source)
+        if sources is not None and len(sources) != len(subj):
+            raise MemoryInputError(f"add: {len(sources)} sources for {len(subj)} triples")
         with self._lock:
             # embed everything new first: an encoder error leaves the memory untouched
-            new_e = [n for n in dict.fromkeys(x for t in clean for x in (t.subject, t.object))
-                     if n not in self.entities.ids]
-            new_r = [n for n in dict.fromkeys(t.relation for t in clean) if n not in self.relations.ids]
+            ent_ids, rel_ids = self.entities.ids, self.relations.ids
+            new_e = [n for n in dict.fromkeys(itertools.chain.from_iterable(zip(subj, obj))) if n not in ent_ids]
+            new_r = [n for n in dict.fromkeys(rel) if n not in rel_ids]
             e_vecs, r_vecs = self._embed(new_e, self.entities), self._embed(new_r, self.relations)
             if new_e:
                 self.entities.add(new_e, e_vecs)
             if new_r:
                 self.relations.add(new_r, r_vecs)
-            s = np.array([self.entities.ids[t.subject] for t in clean], np.int64)
-            r = np.array([self.relations.ids[t.relation] for t in clean], np.int64)
-            o = np.array([self.entities.ids[t.object] for t in clean], np.int64)
-            if replace and len(clean):
+            s = np.fromiter(map(ent_ids.__getitem__, subj), np.int64, len(subj))
+            r = np.fromiter(map(rel_ids.__getitem__, rel), np.int64, len(rel))
+            o = np.fromiter(map(ent_ids.__getitem__, obj), np.int64, len(obj))
+            keys = list(zip(s.tolist(), r.tolist(), o.tolist()))
+            if replace and keys:
                 pos, rows = self.triples.lookup("s", s)
                 same_sr = rows[self.triples.col("r")[rows] == r[pos]]
-                batch = set(zip(s.tolist(), r.tolist(), o.tolist()))
+                batch = set(keys)
                 col = self.triples.col
                 stale = [t for t in set(same_sr.tolist()) if (col("s")[t], col("r")[t], col("o")[t]) not in batch]
                 self.triples.remove(stale)
-            ids = np.zeros(len(clean), np.int64)
-            fresh: dict[tuple[int, int, int], int] = {}
-            new_k = []
-            for k, key in enumerate(zip(s.tolist(), r.tolist(), o.tolist())):
-                existing = self.triples.keys.get(key, fresh.get(key))
-                if existing is None:
-                    fresh[key] = -1 - len(new_k)
-                    new_k.append(k)
-                else:
-                    ids[k] = existing
+            stored = self.triples.keys
+            first = dict(zip(reversed(keys), range(len(keys) - 1, -1, -1)))  # key -> first position in the batch
+            new_k = sorted(k for key, k in first.items() if key not in stored)
             if new_k:
-                nk = np.array(new_k)
-                src = np.array([self.triples.source_id(sources[k]) for k in new_k], np.int64)
+                nk = np.array(new_k, np.int64)
+                src = (np.full(len(nk), self.triples.source_id(source), np.int64) if sources is None
+                       else np.array([self.triples.source_id(sources[k]) for k in new_k], np.int64))
                 seq = (np.asarray(seqs, np.int64)[nk] if seqs is not None
                        else self.triples.next_seq + np.arange(len(nk)))
-                rows = self.triples.append(s[nk], r[nk], o[nk], seq, src)
-                ids[nk] = rows
-                for k, key in enumerate(zip(s.tolist(), r.tolist(), o.tolist())):
-                    if fresh.get(key, 0) < 0:
-                        ids[k] = self.triples.keys[key]
-            return ids.tolist()
+                self.triples.append(s[nk], r[nk], o[nk], seq, src)
+            # an existing triple keeps its id (and provenance); repeats within the batch share the first's id
+            return list(map(stored.__getitem__, keys))
 
     def delete_triples(self, triples: Iterable[Triple]) -> int:
         """Delete stored triples (exact names); returns how many were deleted."""
