@@ -20,7 +20,7 @@ import numpy as np
 
 from memllm_jax import protocol
 from memllm_jax.decode import state as st
-from memllm_jax.decode.loop import LoopSpec, host, prefill, read_chunk, split_model, vocab_size
+from memllm_jax.decode.loop import LoopSpec, cache_factory, host, prefill, read_chunk, split_model, vocab_size
 from memllm_jax.decode.sampling import GREEDY, SamplingConfig
 
 
@@ -328,14 +328,6 @@ class ReadController:
                                 token_kinds="".join(r.kinds[r.prompt_len :]))
 
 
-def _cache_factory(model):
-    if hasattr(model, "make_cache"):
-        return model.make_cache
-    from memllm_jax.model.mistral import init_cache
-
-    return lambda batch, max_len: init_cache(model.cfg, batch, max_len)
-
-
 def encode_prompt(tokenizer, prompt: str | Sequence[int], *, force_read: bool = False,
                   gold_queries: Sequence[protocol.Query] | None = None) -> list[int]:
     """BOS + the escaped prompt text (or the given ids as they are), then optionally an opened read call
@@ -369,7 +361,7 @@ def generate_with_memory(model, tokenizer, memory, prompts: Sequence[str | Seque
         max_len = -(-need // 128) * 128
     controller = ReadController(model, tokenizer, memory, max_len=max_len, chunk=chunk, sampling=sampling,
                                 q_thr=q_thr, seed=seed)
-    make_cache = _cache_factory(model)
+    make_cache = cache_factory(model)
     out: list[GenerationResult] = []
     for i in range(0, n, batch_size):
         out += controller.run(ids[i : i + batch_size], max_new_tokens, make_cache)

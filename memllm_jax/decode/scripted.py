@@ -9,6 +9,7 @@ special ids and every other character to its own id.
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Sequence
 
 import jax
@@ -100,19 +101,13 @@ class CharTokenizer:
         self._char_id = {c: 3 + len(protocol.MARKERS) + i for i, c in enumerate(symbols)}
         self._id_str = {v: k for k, v in {**self.marker_id, **self._char_id}.items()}
         self.vocab_size = 3 + len(protocol.MARKERS) + len(symbols)
+        # At each position the first of the pieces that matches (markers, then extras longest first), else
+        # one character; a regex alternation tries its branches in that order.
+        self._split = re.compile("|".join(map(re.escape, self._pieces)) + "|.", re.S).findall
+        self._id = {**self._char_id, **self.marker_id}
 
     def encode(self, text: str) -> list[int]:
-        ids, i = [], 0
-        while i < len(text):
-            for m in self._pieces:
-                if text.startswith(m, i):
-                    ids.append(self.marker_id.get(m, self._char_id.get(m)))
-                    i += len(m)
-                    break
-            else:
-                ids.append(self._char_id[text[i]])
-                i += 1
-        return ids
+        return [self._id[piece] for piece in self._split(text)]
 
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(self._id_str.get(int(t), "") for t in ids)

@@ -17,11 +17,10 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from memllm_jax import protocol
 from memllm_jax.decode import state as st
-from memllm_jax.decode.loop import _layered, _stacked, host, prefill, split_model, vocab_size
+from memllm_jax.decode.loop import _layered, _stacked, cache_factory, host, merge, prefill, split_model, vocab_size
 from memllm_jax.decode.prefix import prefill_shared
 
 PATIENCE = 5
@@ -78,7 +77,7 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
 def write_loop(graphdef, params, s: st.WriteState, spec: WriteSpec) -> st.WriteState:
-    model = nnx.merge(graphdef, params)
+    model = merge(graphdef, params)
     s = jax.lax.while_loop(lambda s: jnp.any(s.status_B == st.RUNNING),
                            lambda s: _write_step(model, spec, s), s.replace(cache=_layered(s.cache)))
     return s.replace(cache=_stacked(s.cache))
@@ -112,12 +111,7 @@ def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_
     rows = [list(p) for p in prompt_ids] + [[tokenizer.bos_id]] * max(0, (pad_to or B) - B)
     Bp = len(rows)
     max_len = -(-(max(len(p) for p in rows) + max_new_tokens + 1) // 64) * 64  # few distinct cache sizes
-    if make_cache is None and hasattr(model, "make_cache"):
-        make_cache = model.make_cache
-    elif make_cache is None:
-        from memllm_jax.model.mistral import init_cache
-
-        make_cache = functools.partial(init_cache, model.cfg)
+    make_cache = cache_factory(model) if make_cache is None else make_cache
     V = vocab_size(model, tokenizer)
     if share_prefixes:
         cache, logits = prefill_shared(graphdef, params, make_cache, max_len, V, rows, n_active=B)
