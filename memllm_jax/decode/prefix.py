@@ -62,6 +62,12 @@ def plan_sharing(rows: Sequence[Sequence[int]], n_active: int | None = None, min
     n_active = len(rows) if n_active is None else n_active
     arrays = [np.asarray(r, np.int64) for r in rows]
     order = sorted(range(n_active), key=lambda i: -len(arrays[i]))
+    lcp: dict[tuple[int, int], int] = {}  # pairs are revisited by every promotion round
+
+    def common(r: int, t: int) -> int:
+        if (r, t) not in lcp:
+            lcp[r, t] = min(_common_prefix(arrays[r], arrays[t]), len(arrays[r]) - 1)
+        return lcp[r, t]
 
     def assign(forced: set[int]) -> tuple[list[int], list[int], list[int]]:
         trunks, src, shared = [], [0] * len(rows), [0] * len(rows)
@@ -69,7 +75,7 @@ def plan_sharing(rows: Sequence[Sequence[int]], n_active: int | None = None, min
             best, best_t = 0, -1
             if r not in forced:
                 for pos, t in enumerate(trunks):
-                    c = min(_common_prefix(arrays[r], arrays[t]), len(arrays[r]) - 1)
+                    c = common(r, t)
                     if c > best:
                         best, best_t = c, pos
             if best >= min_share:
