@@ -189,7 +189,7 @@ class MemoryConfig:
     index: str = "auto"
     """"exact" (numpy brute force), "scann", or "auto" (ScaNN brute force while small, partitioned past
     `partition_threshold` rows)."""
-    partition_threshold: int = 20_000
+    partition_threshold: int = 10_000
     """Table size above which the ScaNN index is partitioned and quantized instead of brute force."""
     max_name_chars: int = 512
     """Longest accepted entity or relation name."""
@@ -199,8 +199,8 @@ class MemoryConfig:
     index_delta_min: int = 4096
     """Rows appended since the last index build are searched by brute force; the index is rebuilt once they
     exceed max(index_delta_min, 5% of the indexed rows)."""
-    scann_leaves_to_search_fraction: float = 0.02
-    """Partitioned ScaNN index: fraction of the tree leaves searched per query (recall vs speed)."""
+    scann_leaves_to_search_fraction: float = 0.01
+    """Partitioned ScaNN index: fraction of the tree leaves searched per query, at least 16 (recall vs speed)."""
     cache_size: int = 100_000
     """Embeddings of query names not stored in the memory kept in an LRU cache (each name encoded once)."""
 

@@ -128,12 +128,17 @@ class ScannIndex:
 
     def __init__(self, dim: int, partition_threshold: int = 100_000, delta_min: int = 4096,
                  delta_fraction: float = 0.05, leaves_to_search_fraction: float = 0.02, k0: int = 16,
-                 threads: int = 0):
+                 threads: int = 0, min_leaves_to_search: int = 16, ah_dims_per_block: int = 4,
+                 tree_training_sample: int = 250_000, tree_iterations: int = 30):
         self.rows = _Rows(dim)
         self.partition_threshold = partition_threshold
         self.delta_min = delta_min
         self.delta_fraction = delta_fraction
         self.leaves_to_search_fraction = leaves_to_search_fraction
+        self.min_leaves_to_search = min_leaves_to_search
+        self.ah_dims_per_block = ah_dims_per_block
+        self.tree_training_sample = tree_training_sample
+        self.tree_iterations = tree_iterations
         self.k0 = k0
         self.threads = threads
         self.n_base = 0
@@ -163,13 +168,18 @@ class ScannIndex:
         builder = scann.scann_ops_pybind.builder(db, self.k0, "dot_product")
         self.partitioned = n > self.partition_threshold
         if self.partitioned:
-            # sqrt(n) leaves of ~sqrt(n) rows; k-means and AH codebooks trained on a sample (build time)
+            # sqrt(n) leaves of ~sqrt(n) rows; k-means and AH codebooks trained on samples (build time)
             num_leaves = max(16, int(math.sqrt(n)))
-            to_search = max(16, int(math.ceil(self.leaves_to_search_fraction * num_leaves)))
-            sample = min(n, 60_000)
-            builder = builder.tree(num_leaves=num_leaves, num_leaves_to_search=to_search, training_sample_size=sample,
-                                   spherical=True)
-            builder = builder.score_ah(2, anisotropic_quantization_threshold=0.2, training_sample_size=sample)
+            to_search = max(self.min_leaves_to_search, int(math.ceil(self.leaves_to_search_fraction * num_leaves)))
+            builder = builder.tree(num_leaves=num_leaves, num_leaves_to_search=min(to_search, num_leaves),
+                                   training_sample_size=min(n, self.tree_training_sample), spherical=True,
+                                   random_init=False, training_iterations=self.tree_iterations)
+            # k-means++ seeding, a 250k sample and 30 iterations: at 1M rows the default 60k / 12 left the
+            # leaves so poorly fitted that 2% of them found 95% of the candidates; now 2 leaves find 100%
+            # AH only ranks candidates for the exact reorder (and exact_cos decides): 4 dims per 16-centre
+            # block scores twice as fast as 2 and trains faster, at no measured recall cost
+            builder = builder.score_ah(self.ah_dims_per_block, anisotropic_quantization_threshold=0.2,
+                                       training_sample_size=min(n, 60_000))
             builder = builder.reorder(4 * self.k0)
         else:
             builder = builder.score_brute_force()
