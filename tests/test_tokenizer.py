@@ -80,3 +80,17 @@ def test_training_on_api_examples_never_merges_across_a_marker():
     assert tok.decode(ids) == calls[0]
     assert tok.marker_id[P.READ_END] in ids and tok.marker_id[P.CALL_END] in ids
     assert len(tok.encode(">>")) == 1  # the separator itself did become one token
+
+
+def test_names_use_the_same_tokens_in_text_and_in_api_fields():
+    texts = ["She worked for Kerek Group in 1956.", f"{P.MEM_WRITE}Mae Gidrun>>employer>>Kerek Group{P.CALL_END}"] * 100
+    tok = train_tokenizer(texts, 300 + len(P.MARKERS) + 4)
+    in_text = tok.encode("She worked for Kerek Group in 1956.")
+    in_call = tok.encode("Mae Gidrun>>employer>>Kerek Group;x>>born>>1956")
+    name = tok.encode("Kerek Group")
+    assert any(in_text[i:i + len(name)] == name for i in range(len(in_text)))
+    assert any(in_call[i:i + len(name)] == name for i in range(len(in_call)))
+    assert tok.encode("1956")[0] in in_text
+    plain = train_tokenizer(texts, 300 + len(P.MARKERS) + 4, name_spaces=False)
+    text_ids = plain.encode("She worked for Kerek Group in 1956.")
+    assert not any(text_ids[i:i + 2] == plain.encode("Kerek Group")[:2] for i in range(len(text_ids)))
