@@ -38,8 +38,9 @@ class PipelineConfig:
     outside_docs: int = 0
     """Documents (before the evaluation ones) written by the MW model for rows ① (all) and ② (a quarter);
     0 skips those rows."""
-    vocab_size: int = 2048
-    """Tokenizer vocabulary (byte-level BPE trained on the training documents)."""
+    vocab_size: int = 4096
+    """Tokenizer vocabulary (byte-level BPE trained on the training documents). 4096 makes most of the synthetic
+    world's name words single tokens, which the memory-write / memory-read models must copy."""
     tokenizer_texts: tuple[str, ...] = ("lm", "write", "read")
     """Training example files (data/train/<kind>.jsonl) whose text trains the tokenizer: with the API examples
     included, relation names and `>>` get their own tokens."""
@@ -62,7 +63,7 @@ class PipelineConfig:
     """Documents per forward in the perplexity evaluation."""
     editing: str = "synthetic"
     """"synthetic" (edits built from held-out facts of the corpus), a ZsRE JSON path, or "" to skip."""
-    n_edits: int = 24
+    n_edits: int = 16
     """Edits (records) evaluated."""
     editing_regimes: tuple[str, ...] = ("sequential", "single")
     """"sequential" (all edits written, then asked) and/or "single" (T = 1)."""

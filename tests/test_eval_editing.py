@@ -103,3 +103,16 @@ def test_synthetic_cloze_edits_come_from_the_corpus_templates():
     for r in records:
         assert r.statement.startswith(r.src) and r.statement == r.src + r.alt + "."
         assert r.src != r.rephrase and r.loc_ans and r.alt
+
+
+def test_answer_is_read_after_the_forced_call_that_opened_in_the_prompt():
+    import types
+
+    tok = CharTokenizer()
+    prompt = editing.build_cloze_prompt_ids(tok, "Ann worked for ")
+    generated = tok.encode("Ann>>employer>>" + protocol.READ_END + "Kerek Group" + protocol.CALL_END + "Kerek Group. She")
+    res = types.SimpleNamespace(prompt_ids=prompt, token_ids=generated, plain_text="unused")
+    assert editing.extract_cloze_answer(editing._text_after(tok, res, "Ann worked for ")) == "Kerek Group"
+    # a removed forced read (empty result) rewinds into the prompt: the answer is what follows the question
+    rewound = types.SimpleNamespace(prompt_ids=prompt[:-1], token_ids=tok.encode("Rome Inc. He"), plain_text="")
+    assert editing.extract_cloze_answer(editing._text_after(tok, rewound, "Ann worked for ")) == "Rome Inc"

@@ -1,8 +1,8 @@
 """The memory-read LoRA adapter on the tiny base: the memory-write adapter's settings (experiments/configs/
 mw_tiny.py) on the read examples, whose loss spans are the query call and the text after the answer.
 
-400 steps at lr 5e-3: a from-scratch tiny base needs that many before its queries copy names well enough to
-retrieve (after 150 steps they were garbled)."""
+300 packed steps (about 9,600 examples, one epoch of the synthetic corpus's read examples): a from-scratch
+tiny base needs about that much before its queries copy names well enough to retrieve."""
 
 import dataclasses
 
@@ -16,8 +16,7 @@ def get_config() -> TrainConfig:
         name="mr_tiny",
         train_data=("runs/default/data/train/read.jsonl",),
         workdir="runs/default/train/mr",
-        steps=400,
-        lr=5e-3,
+        steps=300,
     )
 
 

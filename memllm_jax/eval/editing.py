@@ -164,7 +164,15 @@ def answer_questions(read_model: Any, tok: Any, memory: Any, questions: Sequence
     else:
         prompts, extract = [build_cloze_prompt_ids(tok, q) for q in questions], extract_cloze_answer
     res = generate_with_memory(read_model, tok, memory, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
-    return [extract(r.plain_text) for r in res]
+    return [extract(_text_after(tok, r, q)) for r, q in zip(res, questions)]
+
+
+def _text_after(tok: Any, result: Any, question: str) -> str:
+    """The plain text after the question. The forced read opens inside the prompt (and a removed one rewinds
+    into it), so calls are stripped from the whole final context, not from the generated tokens alone."""
+    plain = protocol.strip_calls(tok.decode(list(result.prompt_ids) + list(result.token_ids)))
+    at = plain.rfind(question)
+    return plain[at + len(question):] if at >= 0 else result.plain_text
 
 
 @dataclasses.dataclass
