@@ -128,7 +128,8 @@ class ScannIndex:
 
     def __init__(self, dim: int, partition_threshold: int = 100_000, delta_min: int = 4096,
                  delta_fraction: float = 0.05, leaves_to_search_fraction: float = 0.02, k0: int = 16,
-                 threads: int = 0, min_leaves_to_search: int = 16, ah_dims_per_block: int = 4,
+                 threads: int = 0, min_leaves_to_search: int = 4, min_rows_to_search: int = 2048,
+                 ah_dims_per_block: int = 4,
                  tree_training_sample: int = 250_000, tree_iterations: int = 30):
         self.rows = _Rows(dim)
         self.partition_threshold = partition_threshold
@@ -136,6 +137,7 @@ class ScannIndex:
         self.delta_fraction = delta_fraction
         self.leaves_to_search_fraction = leaves_to_search_fraction
         self.min_leaves_to_search = min_leaves_to_search
+        self.min_rows_to_search = min_rows_to_search
         self.ah_dims_per_block = ah_dims_per_block
         self.tree_training_sample = tree_training_sample
         self.tree_iterations = tree_iterations
@@ -170,7 +172,9 @@ class ScannIndex:
         if self.partitioned:
             # sqrt(n) leaves of ~sqrt(n) rows; k-means and AH codebooks trained on samples (build time)
             num_leaves = max(16, int(math.sqrt(n)))
-            to_search = max(self.min_leaves_to_search, int(math.ceil(self.leaves_to_search_fraction * num_leaves)))
+            # at least min_leaves and min_rows rows: small tables have small leaves
+            to_search = max(self.min_leaves_to_search, int(math.ceil(self.leaves_to_search_fraction * num_leaves)),
+                            int(math.ceil(self.min_rows_to_search * num_leaves / n)))
             builder = builder.tree(num_leaves=num_leaves, num_leaves_to_search=min(to_search, num_leaves),
                                    training_sample_size=min(n, self.tree_training_sample), spherical=True,
                                    random_init=False, training_iterations=self.tree_iterations)
