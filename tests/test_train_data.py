@@ -162,3 +162,18 @@ def test_packed_forward_equals_separate_forwards(tok, tmp_path):
             if checked == 3:  # each length compiles once; three examples across rows are enough
                 return
     raise AssertionError("the plan held fewer than three examples")
+
+
+def test_long_documents_are_windowed_for_evaluation_and_kept_whole_for_packing(tok, tmp_path):
+    long_doc = {"segments": [{"text": "Ada Lovelace visited Paris and wrote notes. " * 40, "loss": True}], "eos": True}
+    path = write_jsonl(tmp_path / "lm.jsonl", [long_doc])
+    whole = D.load_corpus([path], tok, seq_len=32, truncate=False)
+    (ex,) = whole.examples
+    assert len(ex.ids) > 100 and whole.dropped == 0
+    windows = D.split_long(ex, 33)
+    assert all(len(w.ids) <= 33 for w in windows)
+    # every target is predicted exactly once across the windows
+    assert sum(int(w.loss[1:].sum()) for w in windows) == int(ex.loss[1:].sum())
+    assert np.concatenate([windows[0].ids] + [w.ids[1:] for w in windows[1:]]).tolist() == ex.ids.tolist()
+    with pytest.raises(ValueError, match="no usable"):
+        D.load_corpus([path], tok, seq_len=32)  # truncation cannot keep a whole-document loss span

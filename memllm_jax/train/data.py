@@ -133,6 +133,20 @@ def truncate_left(ex: Example, max_tokens: int) -> Example | None:
     return Example(ids, loss, ex.where)
 
 
+def split_long(ex: Example, max_tokens: int) -> list[Example]:
+    """Consecutive windows of at most `max_tokens` tokens overlapping by one, so every target token is
+    predicted exactly once (held-out evaluation of a packed-stream run, whose documents may be long)."""
+    if len(ex.ids) <= max_tokens:
+        return [ex]
+    step = max_tokens - 1
+    out = []
+    for start in range(0, len(ex.ids) - 1, step):
+        ids, loss = ex.ids[start : start + max_tokens], ex.loss[start : start + max_tokens]
+        if loss[1:].any():
+            out.append(Example(ids, loss, ex.where))
+    return out
+
+
 @dataclasses.dataclass
 class Corpus:
     examples: list[Example]

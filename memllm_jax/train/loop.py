@@ -203,13 +203,16 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
     if cfg.mode == "lora" and cfg.train_markers:
         ids = tuple(sorted(set(cfg.lora.trainable_tokens) | set(tok.marker_id.values())))
         cfg = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, trainable_tokens=ids))
-    corpus = D.load_corpus(cfg.train_data, tok, cfg.seq_len)
+    stream = cfg.packing == "pack"  # long documents are cut across rows by the packer, not truncated
+    corpus = D.load_corpus(cfg.train_data, tok, cfg.seq_len, truncate=not stream)
     if cfg.eval_data:
-        eval_corpus = D.load_corpus(cfg.eval_data, tok, cfg.seq_len)
+        eval_corpus = D.load_corpus(cfg.eval_data, tok, cfg.seq_len, truncate=not stream)
     elif cfg.eval_fraction > 0:
         corpus, eval_corpus = D.split_heldout(corpus, cfg.eval_fraction, cfg.data_seed)
     else:
         eval_corpus = D.Corpus([], 0, 0)
+    if stream:  # evaluation rows are padded one example each: windows of seq_len + 1 tokens
+        eval_corpus = D.Corpus([w for ex in eval_corpus.examples for w in D.split_long(ex, cfg.seq_len + 1)], 0, 0)
     if cfg.eval_max_examples is not None:
         eval_corpus = D.Corpus(eval_corpus.examples[: cfg.eval_max_examples], 0, 0)
     planner = D.Planner(corpus, seq_len=cfg.seq_len, global_batch=cfg.global_batch, packing=cfg.packing,
