@@ -181,7 +181,10 @@ def stage_editing(self):
         if not pathlib.Path(self.cfg.editing).exists():
             self.say(f"  editing: {self.cfg.editing} not found, skipped")
             return {"skipped": True}
-        records, shots, style = load_zsre(self.cfg.editing, self.cfg.n_edits), ZSRE_SHOTS, "qa"
+        skipped: list[int] = []
+        records, shots, style = load_zsre(self.cfg.editing, self.cfg.n_edits, skipped), ZSRE_SHOTS, "qa"
+        if skipped:
+            self.say(f"  editing: skipped records {skipped} of {self.cfg.editing}: empty edit target 'alt'")
     res = evaluate_editing(self.model("mw"), self.model("mr"), self.tokenizer(), self.encoder(), records, shots=shots,
                            regimes=self.cfg.editing_regimes, style=style, progress=self.say)
     out = {k: v.to_json() for k, v in res.items()}

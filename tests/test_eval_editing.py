@@ -46,9 +46,14 @@ def test_load_zsre(shared_data):
 
 def test_load_zsre_bad_record(tmp_path):
     p = tmp_path / "z.json"
-    p.write_text('[{"src": "a?", "rephrase": "b?", "alt": "", "loc": "c"}]')
+    p.write_text('[{"src": "a?", "rephrase": "b?", "alt": 5, "loc": "c"}]')
     with pytest.raises(ValueError, match="record 0.*alt"):
         load_zsre(p)
+    p.write_text('[{"src": "a?", "rephrase": "b?", "alt": " ", "loc": "c"}, {"src": "d?", "rephrase": "e?", '
+                 '"alt": "F", "loc": "g"}, {"src": "h?", "rephrase": "i?", "alt": "J", "loc": "k"}]')
+    skipped = []
+    recs = load_zsre(p, limit=1, skipped=skipped)
+    assert [r.alt for r in recs] == ["F"] and skipped == [0]
 
 
 def test_end_to_end_without_edits_keeps_locality(monkeypatch):

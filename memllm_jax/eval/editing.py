@@ -69,7 +69,11 @@ ZSRE_SHOTS: tuple[Shot, ...] = (
 """The 5-shot prompt for ZsRE questions: four plain pairs, the fifth with a full memory read."""
 
 
-def load_zsre(path: str | pathlib.Path, limit: int | None = None) -> list[EditRecord]:
+def load_zsre(path: str | pathlib.Path, limit: int | None = None,
+              skipped: list[int] | None = None) -> list[EditRecord]:
+    """The first `limit` usable records. A record whose edit target `alt` is an empty string has nothing to
+    edit (the shared 200-record file has two): it is skipped and its index appended to `skipped`. A missing
+    or non-string field is an error naming the file, record and field."""
     path = pathlib.Path(path)
     try:
         data = json.loads(path.read_text())
@@ -77,11 +81,19 @@ def load_zsre(path: str | pathlib.Path, limit: int | None = None) -> list[EditRe
         raise ValueError(f"{path}: not JSON: {exc}") from exc
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of ZsRE records")
-    out = []
-    for k, rec in enumerate(data[:limit] if limit else data):
+    out: list[EditRecord] = []
+    for k, rec in enumerate(data):
+        if limit and len(out) >= limit:
+            break
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}: record {k}: expected a JSON object")
         for field in ("src", "rephrase", "alt", "loc"):
-            if not isinstance(rec.get(field), str) or not rec[field].strip():
+            if not isinstance(rec.get(field), str) or (field != "alt" and not rec[field].strip()):
                 raise ValueError(f"{path}: record {k}: field {field!r} missing or not a non-empty string")
+        if not rec["alt"].strip():
+            if skipped is not None:
+                skipped.append(k)
+            continue
         loc = rec["loc"]
         loc = loc[len("nq question: "):] if loc.startswith("nq question: ") else loc
         loc = loc if loc.rstrip().endswith("?") else loc.rstrip() + "?"
