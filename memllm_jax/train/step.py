@@ -14,8 +14,8 @@ import dataclasses
 from typing import Any, Callable
 
 import jax
-import numpy as np
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx, struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
