@@ -178,8 +178,24 @@ class Pipeline:
             path = self.out / "train" / which
             if which == "base":
                 path = pathlib.Path(self.cfg.base_model) if self.cfg.base_model else self.out / "train" / "pretrain"
-            self._cache[which] = load_trained(path)
+            model = load_trained(path)
+            self._cache[which] = self._fit_context(model, which)
         return self._cache[which]
+
+    def _fit_context(self, model, which: str):
+        """Raise the model's context bound to the longest evaluation document plus room for a read (its weights
+        do not depend on it; RoPE extrapolates to positions past the training length). Real corpora such as
+        Re-DocRED have documents longer than the tiny model's 512 tokens."""
+        import dataclasses as dc
+
+        cfg = getattr(model, "cfg", None)
+        if cfg is None or not (self.out / "data" / "eval" / "eval.jsonl").exists():
+            return model
+        need = max((len(d.ids) for d in self.eval_docs()), default=0) + 256
+        if need > cfg.max_seq_len:
+            self.say(f"  {which}: context bound raised from {cfg.max_seq_len} to {need} tokens for the longest evaluation document")
+            model.cfg = dc.replace(cfg, max_seq_len=need)
+        return model
 
     def eval_docs(self):
         if "docs" not in self._cache:

@@ -1,6 +1,7 @@
 """The main job's orchestration: stage stamps and skipping, the first stages on a tiny synthetic corpus,
 tables in the paper's layout, config loading and sweeps."""
 
+import dataclasses
 import json
 
 from experiments import run
@@ -71,3 +72,20 @@ def test_stage_key_follows_the_training_config_contents(monkeypatch):
     after = {s: stage_key(cfg, s) for s in ("mw", "mr", "memory")}
     assert before["mw"] == after["mw"]
     assert before["mr"] != after["mr"] and before["memory"] != after["memory"]
+
+
+def test_context_bound_covers_the_longest_evaluation_document(tmp_path):
+    import types
+
+    from experiments.pipeline import Pipeline, PipelineConfig
+    from memllm_jax.config import TINY
+
+    (tmp_path / "data" / "eval").mkdir(parents=True)
+    (tmp_path / "data" / "eval" / "eval.jsonl").write_text("")
+    said = []
+    p = Pipeline(PipelineConfig(), tmp_path, say=said.append)
+    p._cache["docs"] = [types.SimpleNamespace(ids=[0] * 1000), types.SimpleNamespace(ids=[0] * 10)]
+    model = p._fit_context(types.SimpleNamespace(cfg=TINY), "mr")
+    assert model.cfg.max_seq_len == 1256 and "1256" in said[0]
+    short = p._fit_context(types.SimpleNamespace(cfg=dataclasses.replace(TINY, max_seq_len=4096)), "mr")
+    assert short.cfg.max_seq_len == 4096  # never lowered
