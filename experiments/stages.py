@@ -60,14 +60,12 @@ def stage_corpus(self):
 
 def stage_tokenizer(self):
     from memllm_jax.tokenizer import train_tokenizer
+    from memllm_jax.train.data import read_jsonl
 
     # with the API examples included, relation names and `>>` get their own tokens, which shortens the
     # memory-write / memory-read spans by about a third
-    texts = []
-    for kind in self.cfg.tokenizer_texts:
-        with open(self.out / "data" / "train" / f"{kind}.jsonl") as f:
-            for line in f:
-                texts += [s["text"] for s in json.loads(line)["segments"]]
+    texts = [seg["text"] for kind in self.cfg.tokenizer_texts
+             for _, rec in read_jsonl(str(self.out / "data" / "train" / f"{kind}.jsonl")) for seg in rec["segments"]]
     train_tokenizer(texts, self.cfg.vocab_size, self.out / "tokenizer")
     self._cache.pop("tok", None)
     return {"texts": len(texts)}
