@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
 import numpy as np
 
@@ -127,10 +128,10 @@ class ScannIndex:
     kind = "scann"
 
     def __init__(self, dim: int, partition_threshold: int = 100_000, delta_min: int = 4096,
-                 delta_fraction: float = 0.05, leaves_to_search_fraction: float = 0.02, k0: int = 16,
-                 threads: int = 0, min_leaves_to_search: int = 4, min_rows_to_search: int = 2048,
+                 delta_fraction: float = 0.05, leaves_to_search_fraction: float = 0.02, k0: int = 8,
+                 threads: int = 0, min_leaves_to_search: int = 2, min_rows_to_search: int = 2048,
                  ah_dims_per_block: int = 4,
-                 tree_training_sample: int = 250_000, tree_iterations: int = 30):
+                 tree_training_sample: int = 250_000, tree_iterations: int = 30, parallel_min: int = 8):
         self.rows = _Rows(dim)
         self.partition_threshold = partition_threshold
         self.delta_min = delta_min
@@ -143,6 +144,8 @@ class ScannIndex:
         self.tree_iterations = tree_iterations
         self.k0 = k0
         self.threads = threads
+        self.parallel_min = parallel_min
+        self._n_threads = threads or os.cpu_count() or 1
         self.n_base = 0
         self.partitioned = False
         self._searcher = None
@@ -192,14 +195,22 @@ class ScannIndex:
             self._searcher.set_num_threads(self.threads)
         self.n_base = n
 
+    def _search(self, q_QxE: np.ndarray, k: int):
+        """ScaNN top-k. A batch of at least `parallel_min` queries is split over the CPU's threads (one chunk
+        per thread, not ScaNN's default 256-query chunks, which would leave a decoding batch on one
+        thread); fewer queries search on the calling thread (no pool hand-off)."""
+        kw = dict(final_num_neighbors=k, pre_reorder_num_neighbors=4 * k)
+        Q = len(q_QxE)
+        if Q < self.parallel_min or self._n_threads < 2:
+            return self._searcher.search_batched(q_QxE, **kw)
+        return self._searcher.search_batched_parallel(q_QxE, batch_size=-(-Q // self._n_threads), **kw)
+
     def _base_range(self, q_QxE: np.ndarray, tau: float):
         qs, rows = [], []
         pending = np.arange(len(q_QxE))
         k = min(self.k0, self.n_base)
         while len(pending):
-            # small batches (decoding) search on the calling thread: no pool hand-off on a busy host
-            search = self._searcher.search_batched if len(pending) < 256 else self._searcher.search_batched_parallel
-            idx_QxK, dist_QxK = search(q_QxE[pending], final_num_neighbors=k, pre_reorder_num_neighbors=max(4 * k, 64))
+            idx_QxK, dist_QxK = self._search(q_QxE[pending], k)
             idx_QxK, dist_QxK = np.asarray(idx_QxK, np.int64), np.asarray(dist_QxK, np.float32)
             # ScaNN pads short result lists with index -1 / NaN distances (small or deleted-heavy bases).
             valid_QxK = (idx_QxK >= 0) & (dist_QxK >= tau - _PREFILTER_SLACK)

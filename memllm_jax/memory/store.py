@@ -5,7 +5,8 @@ Query definition (object query <s, r, *>; subject queries mirror it):
     results = {x : (e, t, x) stored, e in C, t in T, (cos(e, e_q) + cos(t, t_q)) / 2 >= tau_r}
 An entity reached through several triples keeps its best score; results are ordered by score desc, then
 entity id; more than q_thr results -> `too_large` (entities empty). A whole batch of queries is answered with
-two range searches and one vectorised join.
+one entity range search and one vectorised join that scores each joined triple's relation exactly (so the
+relation side needs no index search and loses nothing to approximate search).
 
 Names are stripped of surrounding whitespace; each unique name is embedded once (stored names reuse their
 table embedding; query-only names sit in a bounded cache). One lock serialises readers and the writer, so
@@ -242,24 +243,23 @@ class TripleMemory:
             eq_QxE = self._embed(ents, self.entities)
             rq_QxE = self._embed(rels, self.relations)
             eq, erow, esim = self.entities.index.range_search(eq_QxE, c.tau_entity)
-            rq, rrow, rsim = self.relations.index.range_search(rq_QxE, c.tau_relation)
             is_obj = np.array([q.is_object_query for q in queries])
-            # join: for each (query, candidate entity) the triples with that entity at the given end
+            rel_vecs, rel_alive = self.relations.index.rows.vectors, self.relations.index.rows.alive
+            # join: for each (query, candidate entity) the triples with that entity at the given end; the
+            # relation side is scored exactly on the joined triples (a candidate has few triples), so no
+            # relation index search: T's test cos(t, t_q) >= tau_t is applied to each joined triple
             qs, xs, scores = [], [], []
             for given, other, mask in (("s", "o", is_obj), ("o", "s", ~is_obj)):
                 sel = mask[eq]
                 pos, trow = self.triples.lookup(given, erow[sel])
                 q_of = eq[sel][pos]
-                e_score = esim[sel][pos]
-                # relation cosine of each joined triple for its query: lookup in the (query, relation) pairs
-                pair = rq * self.relations.index.rows.n + rrow
-                order = np.argsort(pair, kind="stable")
-                want = q_of * self.relations.index.rows.n + self.triples.col("r")[trow]
-                at = np.clip(np.searchsorted(pair[order], want), 0, max(len(pair) - 1, 0))
-                hit = pair[order][at] == want if len(pair) else np.zeros(len(want), bool)
-                t_score = np.where(hit, rsim[order][at] if len(pair) else 0.0, -np.inf)
-                score = 0.5 * (e_score + t_score)
-                ok = hit & (score >= c.tau_result)
+                rel = self.triples.col("r")[trow]
+                # each (query, relation) pair's cosine once: hub entities repeat relations
+                pair_keys, inverse = np.unique(q_of * len(rel_vecs) + rel, return_inverse=True)
+                pair_q, pair_r = pair_keys // max(len(rel_vecs), 1), pair_keys % max(len(rel_vecs), 1)
+                t_score = exact_cos(rq_QxE[pair_q], rel_vecs[pair_r])[inverse]
+                score = 0.5 * (esim[sel][pos] + t_score)
+                ok = (t_score >= c.tau_relation) & rel_alive[rel] & (score >= c.tau_result)
                 qs.append(q_of[ok])
                 xs.append(self.triples.col(other)[trow[ok]])
                 scores.append(score[ok])
