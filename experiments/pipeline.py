@@ -73,6 +73,10 @@ class PipelineConfig:
     """Which row's read setting the scaling curve uses."""
     growth_checkpoints: tuple[int, ...] = (100, 300, 1000, 3000, 10000, 30000)
     """Triples added when measuring Figure 4's records-per-triple ratio."""
+    parallel_adapters: bool = True
+    """Train the memory-read adapter in a second process while the memory-write adapter trains (both start from
+    the base; experiments/side_stage.py). Faster on a multi-core CPU; set False on an accelerator host, where
+    two processes would compete for the device."""
 
 
 def _hash(obj: Any) -> str:
@@ -151,8 +155,21 @@ class Pipeline:
 
     def run(self, stages=STAGES) -> None:
         _atomic_json(self.out / "config.json", dataclasses.asdict(self.cfg))
-        for name in stages:
-            self.run_stage(name)
+        side = None
+        try:
+            for name in stages:
+                if side is not None and name == side.name:
+                    side.wait(self.say)
+                    side = None
+                    continue
+                if name == "mw" and self.cfg.parallel_adapters and "mr" in stages and not self.done("mr"):
+                    from experiments.side_stage import SideStage
+
+                    side = SideStage(self.cfg, self.out, "mr").start(self.say)
+                self.run_stage(name)
+        finally:
+            if side is not None:  # the main process failed first
+                side.stop()
 
     # lazily loaded artefacts --------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ tables in the paper's layout, config loading and sweeps."""
 import dataclasses
 import json
 
+import pytest
+
 from experiments import run
 from experiments.pipeline import Pipeline, PipelineConfig, stage_key
 from experiments.tables import plot_scaling, scaling_markdown, table2_markdown, table3_markdown
@@ -89,3 +91,19 @@ def test_context_bound_covers_the_longest_evaluation_document(tmp_path):
     assert model.cfg.max_seq_len == 1256 and "1256" in said[0]
     short = p._fit_context(types.SimpleNamespace(cfg=dataclasses.replace(TINY, max_seq_len=4096)), "mr")
     assert short.cfg.max_seq_len == 4096  # never lowered
+
+
+def test_side_stage_runs_a_stage_in_a_second_process(tmp_path):
+    from experiments.side_stage import SideStage
+
+    cfg = PipelineConfig(synth_docs=40, eval_docs=5, vocab_size=400)
+    said = []
+    failing = SideStage(cfg, tmp_path, "tokenizer").start(said.append)  # its input (the corpus) is missing
+    with pytest.raises(RuntimeError, match="tokenizer.*failed in its second process"):
+        failing.wait(said.append, every=1.0)
+    pipe = Pipeline(cfg, tmp_path, said.append)
+    pipe.run(("corpus",))
+    SideStage(cfg, tmp_path, "tokenizer").start(said.append).wait(said.append, every=1.0)
+    assert pipe.done("tokenizer")  # the second process wrote the stage's stamp
+    assert (tmp_path / "tokenizer").exists() and (tmp_path / "logs" / "tokenizer.log").exists()
+    assert any("done in" in s and "second process" in s for s in said)

@@ -19,7 +19,8 @@ def get_config() -> PipelineConfig:
                           mw_config="mw_mistral7b", mr_config="mr_mistral7b",
                           encoder="minilm", eval_batch=16, editing=str(SHARED / "zsre" / "zsre_dev200.json"),
                           n_edits=1000, scaling_sizes=(0, 10000, 100000),
-                          growth_checkpoints=(1000, 10000, 100000, 1000000))
+                          growth_checkpoints=(1000, 10000, 100000, 1000000),
+                          parallel_adapters=False)  # one accelerator: train the adapters one after the other
 
 
 def sweep(add) -> None:
