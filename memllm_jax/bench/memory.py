@@ -150,7 +150,7 @@ def queries_for(queries, idx):
 
 
 HNSW_M, HNSW_EF_CONSTRUCTION, HNSW_EF = 20, 200, 300
-"""The original implementation's HNSW settings (issue #3)."""
+"""The original implementation's HNSW settings."""
 
 
 def build_original(data, directory: pathlib.Path) -> dict:
