@@ -29,8 +29,10 @@ def test_plan_one_trunk_per_document_and_padding_untouched():
     b = [[TOK.bos_id] + TOK.encode("Other text. ") + p[1:] for p in b]  # another document: shares only BOS
     rows = a + b + [[TOK.bos_id]] * 2
     plan = prefix.plan_sharing(rows, n_active=len(a) + len(b))
-    # trunks: each document's last (longest) prompt, and its first, whose empty pretext shares nothing
-    assert sorted(plan.trunks) == [0, len(a) - 1, len(a), len(a) + len(b) - 1]
+    # trunks: each document's last (longest) prompt; its first, whose empty pretext shares nothing, is
+    # prefilled whole in the second call (cheaper than one more padded trunk row)
+    assert sorted(plan.trunks) == [len(a) - 1, len(a) + len(b) - 1]
+    assert plan.shared[0] == 0 and plan.shared[len(a)] == 0
     for r in range(1, len(a) - 1):  # every other prompt takes its whole pretext from its document's trunk
         t = plan.trunks[plan.src[r]]
         assert t == len(a) - 1
@@ -41,16 +43,17 @@ def test_plan_one_trunk_per_document_and_padding_untouched():
     # a prompt that is a prefix of another keeps its last token to compute
     plan = prefix.plan_sharing([list(range(40)), list(range(30))])
     assert plan.trunks == (0,) and plan.shared[1] == 29
-    # nothing shared: every row is a trunk
+    # nothing shared: no trunks, one ordinary prefill
     plan = prefix.plan_sharing([[1] + [5] * 30, [1] + [6] * 30])
-    assert sorted(plan.trunks) == [0, 1] and plan.saved == 0
+    assert plan.trunks == () and plan.saved == 0
 
 
 def test_shared_prefill_equals_whole_prefill_on_the_real_decoder():
     cfg = dataclasses.replace(TINY, vocab_size=TOK.vocab_size)
     model = Mistral(cfg, rngs=nnx.Rngs(3))
     g, p = split_model(model)
-    rows = doc_prompts("a", 5) + doc_prompts("b", 2) + [[TOK.bos_id]]
+    other = [[TOK.bos_id] + TOK.encode("Other text. ") + p[1:] for p in doc_prompts("b", 3)]  # another document
+    rows = doc_prompts("a", 5) + other + [[TOK.bos_id]]
     B, n_active, S = len(rows), len(rows) - 1, 448
     plan = prefix.plan_sharing(rows, n_active)
     assert plan.saved >= prefix.MIN_SAVED and len(plan.trunks) >= 2

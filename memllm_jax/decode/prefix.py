@@ -5,13 +5,11 @@ not yet sliding, sentence i's prompt `BOS + S_<i + ({USER_ST}) s_i ...` starts w
 i-1's prompt has before its `({USER_ST})`. A causal model's keys/values for a common token prefix at the
 same positions are the same in every row, so the batch is prefilled in two calls:
 
-1. the *trunk* rows (no longer prompt in the batch shares enough with them) are prefilled in a small
-   cache of their own;
+1. the *trunk* rows (a document's longest prompt) are prefilled in a small cache of their own;
 2. every row takes the trunk's keys/values for the prefix it shares (a gather on the batch axis) and
-   prefills only its own rest.
+   prefills only its own rest; a short row sharing nothing is prefilled whole here.
 
-Rows that share nothing worth the extra call are their own trunks; with no sharing at all this is one
-ordinary prefill. Only the model's `KVCache` is grafted; other caches use the plain prefill.
+With no sharing at all this is one ordinary prefill. Only the model's `KVCache` is grafted; other caches use the plain prefill.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ import numpy as np
 from memllm_jax.decode.loop import prefill
 
 MIN_SHARE = 16
-"""Fewest shared tokens for a row to take its prefix from a trunk (below this the row is a trunk)."""
+"""Fewest shared tokens for a row to take its prefix from a trunk (below this it is prefilled whole)."""
 MIN_SAVED = 64
 """Fewest prefill tokens saved in a batch for the two-call path to be used at all."""
 
@@ -36,9 +34,10 @@ class SharePlan:
     trunks: tuple[int, ...]
     """Row indices prefilled whole in the first call."""
     src: tuple[int, ...]
-    """Per row: its trunk's position in `trunks` (a trunk points at itself; rows not prefilled: 0)."""
+    """Per row: its trunk's position in `trunks` (a trunk points at itself; rows sharing nothing: 0)."""
     shared: tuple[int, ...]
-    """Per row: tokens taken from the trunk (a trunk: its whole prompt; rows not prefilled: 0)."""
+    """Per row: tokens taken from the trunk (a trunk: its whole prompt; rows prefilled whole in the second
+    call, and rows not prefilled: 0)."""
 
     @property
     def saved(self) -> int:
@@ -52,11 +51,13 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def plan_sharing(rows: Sequence[Sequence[int]], n_active: int | None = None, min_share: int = MIN_SHARE) -> SharePlan:
-    """Longest prompt first, a row takes the longest common prefix it has with an existing trunk (at most
-    all but its last token, whose logits it must compute), or becomes a trunk. Then, while it lowers the
-    padded prefill work (trunks x their bucket + rows x the bucket of the longest rest), the row with the
-    longest rest becomes a trunk too: one row sharing little would otherwise widen every row's second
-    prefill. Rows from `n_active` on (batch padding) are not prefilled."""
+    """Longest prompt first, a row takes the longest common prefix it has with a trunk (at most all but its
+    last token, whose logits it must compute), or is prefilled whole in the second call (shared 0). Rows
+    become trunks one at a time, the row with the longest rest first, and the plan with the least padded
+    prefill work (trunks x their bucket + rows x the bucket of the longest rest) is kept: a document's longest prompt
+    becomes its trunk, while a short prompt sharing nothing (a first sentence, with no pretext) is cheaper
+    in the second call than as one more padded trunk row. Rows from `n_active` on (batch padding) are not
+    prefilled."""
     from memllm_jax.decode.loop import bucket
 
     n_active = len(rows) if n_active is None else n_active
@@ -69,37 +70,46 @@ def plan_sharing(rows: Sequence[Sequence[int]], n_active: int | None = None, min
             lcp[r, t] = min(_common_prefix(arrays[r], arrays[t]), len(arrays[r]) - 1)
         return lcp[r, t]
 
-    def assign(forced: set[int]) -> tuple[list[int], list[int], list[int]]:
+    def assign(promoted: set[int]) -> tuple[list[int], list[int], list[int]]:
         trunks, src, shared = [], [0] * len(rows), [0] * len(rows)
         for r in order:
-            best, best_t = 0, -1
-            if r not in forced:
-                for pos, t in enumerate(trunks):
-                    c = common(r, t)
-                    if c > best:
-                        best, best_t = c, pos
-            if best >= min_share:
-                src[r], shared[r] = best_t, best
-            else:
+            if r in promoted:
                 src[r], shared[r] = len(trunks), len(arrays[r])
                 trunks.append(r)
+                continue
+            best, best_t = 0, 0
+            for pos, t in enumerate(trunks):
+                c = common(r, t)
+                if c > best:
+                    best, best_t = c, pos
+            if best >= min_share:
+                src[r], shared[r] = best_t, best
         return trunks, src, shared
 
-    def cost(trunks, shared) -> int:
-        rest = [len(arrays[r]) - shared[r] for r in range(n_active) if r not in trunks]
-        T = 1 << max(0, (len(trunks) - 1).bit_length())
-        return T * bucket(max(len(arrays[t]) for t in trunks)) + (len(rows) * bucket(max(rest)) if rest else 0)
+    def rest(r: int, trunks, shared) -> int:
+        return 0 if r in trunks else len(arrays[r]) - shared[r]
 
-    forced: set[int] = set()
-    trunks, src, shared = assign(forced)
-    while n_active and len(trunks) < n_active:
-        worst = max((r for r in range(n_active) if r not in trunks), key=lambda r: len(arrays[r]) - shared[r])
-        trial = assign(forced | {worst})
-        if cost(trial[0], trial[2]) >= cost(trunks, shared):
-            break
-        forced.add(worst)
-        trunks, src, shared = trial
-    return SharePlan(tuple(trunks), tuple(src), tuple(shared))
+    def cost(trunks, shared) -> int:
+        longest_rest = max((rest(r, trunks, shared) for r in range(n_active)), default=0)
+        second = len(rows) * bucket(longest_rest) if longest_rest else 0
+        if not trunks:
+            return second
+        T = 1 << max(0, (len(trunks) - 1).bit_length())
+        return T * bucket(max(len(arrays[t]) for t in trunks)) + second
+
+    # promote along the whole sequence and keep the cheapest plan: one promotion alone may not pay (two long
+    # documents: the second one's prompt still sets the rest width) while two do
+    promoted: set[int] = set()
+    plan = assign(promoted)
+    best, best_cost = plan, cost(plan[0], plan[2])
+    while len(plan[0]) < n_active:
+        trunks, _, shared = plan
+        worst = max((r for r in range(n_active) if r not in trunks), key=lambda r: rest(r, trunks, shared))
+        promoted.add(worst)
+        plan = assign(promoted)
+        if cost(plan[0], plan[2]) < best_cost:
+            best, best_cost = plan, cost(plan[0], plan[2])
+    return SharePlan(*(tuple(x) for x in best))
 
 
 @jax.jit
