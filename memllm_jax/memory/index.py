@@ -128,7 +128,7 @@ class ScannIndex:
     kind = "scann"
 
     def __init__(self, dim: int, partition_threshold: int = 100_000, delta_min: int = 4096,
-                 delta_fraction: float = 0.05, leaves_to_search_fraction: float = 0.02, k0: int = 8,
+                 delta_fraction: float = 0.05, leaves_to_search_fraction: float = 0.002, k0: int = 8,
                  threads: int = 0, min_leaves_to_search: int = 2, min_rows_to_search: int = 2048,
                  ah_dims_per_block: int = 4,
                  tree_training_sample: int = 250_000, tree_iterations: int = 30, parallel_min: int = 8):

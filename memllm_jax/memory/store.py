@@ -255,8 +255,9 @@ class TripleMemory:
                 q_of = eq[sel][pos]
                 rel = self.triples.col("r")[trow]
                 # each (query, relation) pair's cosine once: hub entities repeat relations
-                pair_keys, inverse = np.unique(q_of * len(rel_vecs) + rel, return_inverse=True)
-                pair_q, pair_r = pair_keys // max(len(rel_vecs), 1), pair_keys % max(len(rel_vecs), 1)
+                n_rel = max(len(rel_vecs), 1)
+                pair_keys, inverse = np.unique(q_of * n_rel + rel, return_inverse=True)
+                pair_q, pair_r = pair_keys // n_rel, pair_keys % n_rel
                 t_score = exact_cos(rq_QxE[pair_q], rel_vecs[pair_r])[inverse]
                 score = 0.5 * (esim[sel][pos] + t_score)
                 ok = (t_score >= c.tau_relation) & rel_alive[rel] & (score >= c.tau_result)
