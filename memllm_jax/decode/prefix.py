@@ -89,26 +89,29 @@ def plan_sharing(rows: Sequence[Sequence[int]], n_active: int | None = None, min
     def rest(r: int, trunks, shared) -> int:
         return 0 if r in trunks else len(arrays[r]) - shared[r]
 
+    def trunk_work(trunks) -> int:
+        """Never decreases as rows are promoted (more trunks, none shorter), which bounds the search."""
+        if not trunks:
+            return 0
+        return (1 << max(0, (len(trunks) - 1).bit_length())) * bucket(max(len(arrays[t]) for t in trunks))
+
     def cost(trunks, shared) -> int:
         longest_rest = max((rest(r, trunks, shared) for r in range(n_active)), default=0)
-        second = len(rows) * bucket(longest_rest) if longest_rest else 0
-        if not trunks:
-            return second
-        T = 1 << max(0, (len(trunks) - 1).bit_length())
-        return T * bucket(max(len(arrays[t]) for t in trunks)) + second
+        return trunk_work(trunks) + (len(rows) * bucket(longest_rest) if longest_rest else 0)
 
-    # promote along the whole sequence and keep the cheapest plan: one promotion alone may not pay (two long
-    # documents: the second one's prompt still sets the rest width) while two do
+    # promote along the sequence and keep the cheapest plan: one promotion alone may not pay (two long
+    # documents: the second one's prompt still sets the rest width) while two do; stop once the trunks'
+    # own work exceeds the best plan, as it only grows
     promoted: set[int] = set()
     plan = assign(promoted)
     best, best_cost = plan, cost(plan[0], plan[2])
-    while len(plan[0]) < n_active:
+    while len(plan[0]) < n_active and trunk_work(plan[0]) < best_cost:
         trunks, _, shared = plan
-        worst = max((r for r in range(n_active) if r not in trunks), key=lambda r: rest(r, trunks, shared))
-        promoted.add(worst)
+        promoted.add(max((r for r in range(n_active) if r not in trunks), key=lambda r: rest(r, trunks, shared)))
         plan = assign(promoted)
-        if cost(plan[0], plan[2]) < best_cost:
-            best, best_cost = plan, cost(plan[0], plan[2])
+        plan_cost = cost(plan[0], plan[2])
+        if plan_cost < best_cost:
+            best, best_cost = plan, plan_cost
     return SharePlan(*(tuple(x) for x in best))
 
 
