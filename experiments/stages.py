@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import pathlib
 import random
 
 from experiments.pipeline import _atomic_json, _atomic_text
+from memllm_jax.errors import InputError, load_json
 
 
 def _write_json_array(path: pathlib.Path, docs: list) -> None:
@@ -39,7 +39,9 @@ def stage_corpus(self):
         path = pathlib.Path(cfg.corpus)
         if not path.exists():
             raise SystemExit(f"{path}: corpus file not found (PipelineConfig.corpus)")
-        raw = json.loads(path.read_text())
+        raw = load_json(path)
+        if not isinstance(raw, list):
+            raise InputError(f"{path}: expected a JSON array of DocRED-format documents (PipelineConfig.corpus)")
     n_eval, n_out = cfg.eval_docs, cfg.outside_docs
     if len(raw) <= n_eval + n_out:
         raise SystemExit(f"corpus has {len(raw)} documents; eval_docs + outside_docs = {n_eval + n_out} leaves none to train on")
