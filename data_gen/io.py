@@ -13,7 +13,7 @@ import pathlib
 import tempfile
 from typing import Any, Iterable, Iterator
 
-from memllm_jax.errors import InputError, json_error, not_utf8, truncation_note
+from memllm_jax.errors import InputError, not_utf8, truncation_note
 
 
 @contextlib.contextmanager
@@ -71,7 +71,7 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
                     try:
                         yield json.loads(line)
                     except json.JSONDecodeError as exc:
-                        raise json_error(path, exc, f"line {lineno}") from None
+                        raise InputError(f"{path}: line {lineno}: invalid JSON: {exc.msg}: column {exc.colno}") from None
     except UnicodeDecodeError:
         raise not_utf8(path) from None
 
@@ -118,8 +118,8 @@ def _iter_json_array(path: pathlib.Path, chunk_chars: int) -> Iterator[Any]:
                 obj, end = decoder.raw_decode(buf, pos)
             except json.JSONDecodeError as exc:
                 if eof:
-                    raise InputError(f"{path}: element {index} (char {dropped + pos}): invalid JSON: {exc.msg} "
-                                     f"(char {dropped + exc.pos}){truncation_note(buf, dropped + len(buf))}") from None
+                    raise InputError(f"{path}: element {index} (char {dropped + pos}): invalid JSON: {exc.msg}: "
+                                     f"char {dropped + exc.pos}{truncation_note(buf, dropped + len(buf))}") from None
                 more = f.read(chunk_chars)
                 eof = not more
                 dropped, buf, pos = dropped + pos, buf[pos:] + more, 0

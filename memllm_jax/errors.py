@@ -30,10 +30,9 @@ def not_utf8(path: str | os.PathLike) -> InputError:
     return InputError(f"{path}: byte offset {offset}: not UTF-8 text (truncated multi-byte character at the end)")
 
 
-def json_error(path: str | os.PathLike, exc: json.JSONDecodeError, where: str = "") -> InputError:
-    """`path: [where: ]line L column C (char N): invalid JSON: <what>`, saying so when the file looks truncated."""
-    return InputError(f"{path}: {where + ': ' if where else ''}line {exc.lineno} column {exc.colno} (char {exc.pos}): "
-                      f"invalid JSON: {exc.msg}{truncation_note(exc.doc)}")
+def json_error(path: str | os.PathLike, exc: json.JSONDecodeError) -> InputError:
+    """`path: invalid JSON: <what>: line L column C (char N)`, saying so when the file looks truncated."""
+    return InputError(f"{path}: invalid JSON: {exc}{truncation_note(exc.doc)}")
 
 
 def truncation_note(tail: str, length: int | None = None) -> str:

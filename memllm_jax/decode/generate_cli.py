@@ -51,10 +51,11 @@ def main(args: argparse.Namespace) -> int:
     if not prompts:
         raise InputError("memllm generate: give prompts or --prompts-file")
     from memllm_jax.decode.io import NoMemory, load_model, open_memory
+
+    model, tok = load_model(args.model, args.tokenizer)
     from memllm_jax.decode.reader import generate_with_memory
     from memllm_jax.decode.sampling import SamplingConfig
 
-    model, tok = load_model(args.model, args.tokenizer)
     memory = open_memory(args.memory, create=False) if args.memory else NoMemory()
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     results = generate_with_memory(model, tok, memory, prompts, args.max_new_tokens, sampling=sampling,

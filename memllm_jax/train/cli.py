@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_config_module(spec: str):
     if spec.endswith(".py") or os.path.sep in spec:
         if not os.path.exists(spec):
-            raise SystemExit(f"config file {spec} does not exist")
+            raise SystemExit(f"{spec}: config file not found")
         mod_spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(spec))[0], spec)
         module = importlib.util.module_from_spec(mod_spec)
         mod_spec.loader.exec_module(module)  # type: ignore[union-attr]

@@ -68,7 +68,7 @@ def read_jsonl(path: str) -> list[tuple[str, dict]]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise InputError(f"{path}:{lineno}: invalid JSON ({exc.msg}, column {exc.colno})") from exc
+            raise InputError(f"{path}:{lineno}: invalid JSON: {exc.msg}: column {exc.colno}") from exc
         if not isinstance(record, dict):
             raise InputError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
         out.append((f"{path}:{lineno}", record))
