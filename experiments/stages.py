@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import pathlib
 import random
 
 from experiments.pipeline import _atomic_json, _atomic_text
+from memllm_jax.errors import InputError, load_json
 
 
 def _write_json_array(path: pathlib.Path, docs: list) -> None:
@@ -45,7 +45,9 @@ def stage_corpus(self):
         path = pathlib.Path(cfg.corpus)
         if not path.exists():
             raise SystemExit(f"{path}: corpus file not found (PipelineConfig.corpus)")
-        raw = json.loads(path.read_text())
+        raw = load_json(path)
+        if not isinstance(raw, list):
+            raise InputError(f"{path}: expected a JSON array of DocRED-format documents (PipelineConfig.corpus)")
     if len(raw) <= n_eval + n_out:
         raise SystemExit(f"corpus has {len(raw)} documents; eval_docs + outside_docs = {n_eval + n_out} leaves none to train on")
     split = {"train": raw[: len(raw) - n_eval - n_out], "outside": raw[len(raw) - n_eval - n_out: len(raw) - n_eval],

@@ -22,6 +22,7 @@ import numpy as np
 
 from memllm_jax import protocol
 from memllm_jax.eval.mixture import char_spans_to_token_mask
+from memllm_jax.errors import InputError
 from memllm_jax.train.data import read_jsonl
 
 
@@ -51,7 +52,7 @@ def _query(obj: Any, where: str) -> protocol.Query:
     if isinstance(obj, str):
         parsed = protocol.parse_queries(obj)
         if not parsed.ok or len(parsed.items) != 1:
-            raise ValueError(f"{where}: cannot parse query {obj!r}: {parsed.errors}")
+            raise InputError(f"{where}: cannot parse query {obj!r}: {parsed.errors}")
         return parsed.items[0]
     if isinstance(obj, dict):
         return protocol.Query(obj.get("subject") or None, obj["relation"], obj.get("object") or None)
@@ -93,7 +94,7 @@ def doc_from_record(rec: dict, where: str = "record") -> EvalDoc:
         return EvalDoc(str(rec.get("doc", where)), text, tuple(_span(m) for m in mentions),
                        tuple(sorted(reads, key=lambda r: r.char_pos)), triples)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise ValueError(f"{where}: bad eval record field {field!r}: {exc!r}") from exc
+        raise InputError(f"{where}: bad eval record field {field!r}: {exc!r}") from exc
 
 
 def load_eval_docs(path: str | pathlib.Path, limit: int | None = None) -> list[EvalDoc]:
