@@ -125,7 +125,7 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
         generator = GreedyGenerator(model, batch_size=batch_size, pad_id=tok.pad_id)
 
     states = []
-    plain = scorer.score([[tok.bos_id] + e.ids for e in docs])
+    plain = scorer.score([[tok.bos_id] + e.ids for e in docs], keep_kv=True)
     for e, f in zip(docs, plain):
         T = len(e.ids)
         states.append(_DocState(e, f.lp_next[:T].copy(), f.lp_mr[:T].copy(), np.zeros(T), np.zeros(T, bool),
@@ -152,7 +152,8 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
         need_gen = [r for r in reads if setting.queries == "model"]
         if need_gen:
             prefixes = [[tok.bos_id] + r.state.enc.ids[:r.pos] + [mr_id] for r in need_gen]
-            outs = generator.generate(prefixes, [read_end_id, tok.eos_id], setting.max_query_tokens)
+            kept = [(plain_by_id[id(r.state)].kv, 1 + r.pos) for r in need_gen] if scorer.keeps_kv else None
+            outs = generator.generate(prefixes, [read_end_id, tok.eos_id], setting.max_query_tokens, kept=kept)
             for r, out in zip(need_gen, outs):
                 if out and out[-1] == read_end_id:
                     parsed = protocol.parse_queries(tok.decode(out[:-1]))
@@ -188,9 +189,14 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
                 r.call_ids, r.result_ids = [], []  # removed read: the text context alone
         # One forward per read (reads returning nothing reuse the plain forward).
         to_score = [r for r in reads if r.call_ids]
-        seqs = [[tok.bos_id] + r.state.enc.ids[:r.pos] + r.call_ids + r.result_ids + r.state.enc.ids[r.pos:r.end + 1]
-                for r in to_score]
-        scored = dict(zip(map(id, to_score), scorer.score(seqs))) if seqs else {}
+        # A read's context before it is the plain text (an earlier read is removed when a new one starts), so
+        # its continuation attends to the plain forward's keys / values of BOS + text[:pos].
+        conts = [r.call_ids + r.result_ids + r.state.enc.ids[r.pos:r.end + 1] for r in to_score]
+        if scorer.keeps_kv:
+            scores = scorer.score_continuations([(plain_by_id[id(r.state)], 1 + r.pos, c) for r, c in zip(to_score, conts)])
+        else:
+            scores = scorer.score([[tok.bos_id] + r.state.enc.ids[:r.pos] + c for r, c in zip(to_score, conts)])
+        scored = dict(zip(map(id, to_score), scores))
         for r in sorted(reads, key=lambda r: r.pos):
             s = r.state
             if id(r) in scored:
