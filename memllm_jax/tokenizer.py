@@ -132,10 +132,15 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.Pat
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Our trained BPE (a `tokenizer.json` file or its directory) or a Hugging Face tokenizer directory."""
+    """Our trained BPE (a `tokenizer.json` file or its directory), a Hugging Face tokenizer directory, or a
+    `.gguf` model file."""
     from tokenizers import Tokenizer as HFTok  # noqa: PLC0415
 
     p = pathlib.Path(path)
+    if str(p).lower().endswith(".gguf"):  # a llama.cpp file: its tokenizer, converted once (model.gguf)
+        from memllm_jax.model.gguf import resolve_model_dir  # noqa: PLC0415
+
+        p = resolve_model_dir(p)
     ours = p / "memllm_tokenizer.json" if p.is_dir() else p.parent / "memllm_tokenizer.json"
     if ours.exists():
         tj = p / "tokenizer.json" if p.is_dir() else p
@@ -146,7 +151,9 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     from transformers import AutoTokenizer  # noqa: PLC0415
 
     hf = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
-    missing = [m for m in protocol.MARKERS if m not in hf.get_vocab()]
+    # A marker the vocabulary already has as an ordinary BPE token (SmolLM2 has "})") is registered too: it
+    # keeps its id but is then matched on raw text, so " })" no longer merges into another token.
+    missing = [m for m in protocol.MARKERS if m not in hf.get_added_vocab()]
     if missing:
         hf.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
     backend = getattr(hf, "backend_tokenizer", None) or getattr(hf, "_tokenizer", None)

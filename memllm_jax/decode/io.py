@@ -9,14 +9,16 @@ from typing import Sequence
 
 def load_model(path: str | pathlib.Path, tokenizer: str | pathlib.Path | None = None):
     """`(model, tokenizer)` from an HF-format Mistral directory (as written by `memllm convert` /
-    `save_hf`; tokenizer from `tokenizer` or the same directory) or from a finished training run directory
-    (`train_config.json` + `params/`; LoRA merged; tokenizer from `tokenizer` or the run's config)."""
+    `save_hf`; tokenizer from `tokenizer` or the same directory), a `.gguf` file (converted once to such a
+    directory) or from a finished training run directory (`train_config.json` + `params/`; LoRA merged;
+    tokenizer from `tokenizer` or the run's config)."""
     import json
 
+    from memllm_jax.model.gguf import resolve_model_dir
     from memllm_jax.model.hf import load_hf
     from memllm_jax.tokenizer import load_tokenizer
 
-    path = pathlib.Path(path)
+    path = resolve_model_dir(path)
     if (path / "train_config.json").exists():
         from memllm_jax.train.loop import load_trained_model
 
