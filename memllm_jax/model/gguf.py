@@ -153,15 +153,20 @@ def unpermute_rows(w_OxI: np.ndarray, n_heads: int) -> np.ndarray:
     return w_OxI.reshape(n_heads, rows // n_heads // 2, 2, *w_OxI.shape[1:]).swapaxes(1, 2).reshape(w_OxI.shape)
 
 
-def hf_tensor(reader, tensor, cfg: dict) -> np.ndarray:
-    """One tensor dequantised to float32 in HF layout (`[out, in]` for linear weights)."""
+def check_type(reader, tensor) -> None:
     from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
 
     kind = GGMLQuantizationType(tensor.tensor_type).name
     if kind not in SUPPORTED_TYPES:
         raise ValueError(f"{reader.data.filename}: tensor {tensor.name!r} has type {kind}, supported: "
                          f"{', '.join(SUPPORTED_TYPES)}")
+
+
+def hf_tensor(reader, tensor, cfg: dict) -> np.ndarray:
+    """One tensor dequantised to float32 in HF layout (`[out, in]` for linear weights)."""
+    from gguf.quants import dequantize
+
+    check_type(reader, tensor)
     w = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
     w = w.reshape(tuple(int(d) for d in reversed(tensor.shape)))  # GGUF lists dims innermost first
     part = tensor.name.split(".")[-2]
@@ -195,6 +200,9 @@ def _write_weights(reader, cfg: dict, out: pathlib.Path) -> None:
     from memllm_jax.model.hf import INDEX_FILE, SINGLE_FILE
 
     shards = _shards(reader, cfg)
+    for shard in shards:
+        for t in shard:
+            check_type(reader, t)
     expected = set(TENSOR_NAMES.values()) - ({"lm_head.weight"} if cfg["tie_word_embeddings"] else set())
     expected = {n.format(i=i) for n in expected for i in range(cfg["num_hidden_layers"])}
     found = {hf_name(t.name, cfg["num_hidden_layers"]) for shard in shards for t in shard}
