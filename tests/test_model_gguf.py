@@ -122,7 +122,8 @@ def test_logits_match_transformers_on_512_tokens(smol):
     assert delta <= 1e-3
     # The tied LM head is the embedding: the appended marker rows (mean-initialised) are scored too.
     assert logits_1xLxV.shape[-1] == smol["tok"].vocab_size > V
-    np.testing.assert_allclose(logits_1xLxV[..., V:], np.repeat(logits_1xLxV[..., V:V + 1], logits_1xLxV.shape[-1] - V, -1))
+    extra_1xLxE = logits_1xLxV[..., V:]
+    np.testing.assert_allclose(extra_1xLxE, np.broadcast_to(extra_1xLxE[..., :1], extra_1xLxE.shape))
     assert (logits_1xLxV[..., :V].argmax(-1) == ref_1xLxV.argmax(-1)).all()
 
 
@@ -138,12 +139,14 @@ def test_greedy_continuation_matches_transformers_generate(smol):
         ref = smol["ref"].generate(torch.tensor([prompt]), max_new_tokens=64, do_sample=False, min_new_tokens=64,
                                    attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
     ref_ids = ref[0, len(prompt):].tolist()
-    [ours] = generate_with_memory(smol["model"], smol["tok"], NoMemory(), [prompt], max_new_tokens=64, chunk=64, max_len=128)
+    [ours] = generate_with_memory(smol["model"], smol["tok"], NoMemory(), [prompt], max_new_tokens=64, chunk=64,
+                                  max_len=128)
     print(f"\ngreedy: {smol['tok'].decode(ours.token_ids)!r}")
     assert ours.token_ids == ref_ids
 
 
 @pytest.mark.slow
+@pytest.mark.shared_data
 def test_tokenizer_matches_transformers_gguf_tokenizer(smol, shared_data):
     tok, ref = smol["tok"], smol["ref_tok"]
     texts = []
@@ -190,7 +193,7 @@ def test_truncated_file_is_a_one_line_error(tmp_path):
         assert str(cut) in str(e.value) and "truncated" in str(e.value) and "\n" not in str(e.value)
 
 
-def _tiny_gguf(path, arch, embed_VxD):
+def _tiny_gguf(path, arch, embed_VxD, **extra):
     """A one-tensor GGUF file with the required `{arch}.*` metadata (tied: no `output.weight`)."""
     import gguf
 
@@ -199,6 +202,8 @@ def _tiny_gguf(path, arch, embed_VxD):
                        "context_length": 64, "attention.head_count": 4}.items():
         w.add_uint32(f"{arch}.{key}", value)
     w.add_tensor("token_embd.weight", embed_VxD)
+    for name, array in extra.items():
+        w.add_tensor(name, array)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -218,6 +223,10 @@ def test_unsupported_architecture_and_type_name_the_field(tmp_path):
     floats = _tiny_gguf(tmp_path / "f32.gguf", "llama", np.zeros((16, 32), np.float32))
     with pytest.raises(ValueError, match=r"f32.gguf: missing tensor\(s\) for \['model.layers.0.input_layernorm"):
         gguf_to_hf(floats, tmp_path / "out")
+    rope = _tiny_gguf(tmp_path / "rope.gguf", "llama", np.zeros((16, 32), np.float32),
+                      **{"rope_freqs.weight": np.ones(4, np.float32)})
+    with pytest.raises(ValueError, match=r"rope.gguf: tensor 'rope_freqs.weight' has no counterpart"):
+        gguf_to_hf(rope, tmp_path / "out")
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
 
 

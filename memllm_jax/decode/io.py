@@ -30,7 +30,10 @@ def load_model(path: str | pathlib.Path, tokenizer: str | pathlib.Path | None = 
         tok, cfg = load_tokenizer(tok_path), model.cfg
     elif (path / "config.json").exists():
         tok = load_tokenizer(tokenizer or path)
-        cfg, model = load_hf(path)
+        # A base model's tokenizer gets the API markers added: append their rows (mean init), as training does.
+        hf_cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        hf_vocab = int(hf_cfg.get("vocab_size", tok.vocab_size))
+        cfg, model = load_hf(path, extra_tokens=max(0, tok.vocab_size - hf_vocab))
     else:
         raise SystemExit(f"{path}: neither an HF-format model directory (config.json) nor a training run "
                          f"(train_config.json)")

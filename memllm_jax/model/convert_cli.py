@@ -8,14 +8,19 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("direction", choices=["hf-to-orbax", "orbax-to-hf", "orbax-to-peft", "gguf-to-hf", "gguf-to-orbax"])
-    parser.add_argument("src", help="source: HF directory or FILE.gguf (hf-to-orbax, gguf-to-*) or Orbax checkpoint directory")
+    parser.add_argument("direction", choices=["hf-to-orbax", "orbax-to-hf", "orbax-to-peft", "gguf-to-hf",
+                                              "gguf-to-orbax"])
+    parser.add_argument("src", help="source: HF directory or FILE.gguf (hf-to-orbax, gguf-to-*), "
+                                    "or Orbax checkpoint directory")
     parser.add_argument("dst", help="destination directory")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step to read (default latest) / write (default 0)")
     parser.add_argument("--merge-lora", action="store_true", help="orbax-to-hf: fold the LoRA adapter into the weights")
-    parser.add_argument("--base", default=None, help="HF directory (or FILE.gguf) holding the base weights when the checkpoint is LoRA-only")
-    parser.add_argument("--extra-tokens", type=int, default=0, help="hf/gguf-to-orbax: append N vocabulary rows (mean init)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None, help="hf/gguf-to-orbax: parameter dtype")
+    parser.add_argument("--base", default=None,
+                        help="HF directory (or FILE.gguf) holding the base weights when the checkpoint is LoRA-only")
+    parser.add_argument("--extra-tokens", type=int, default=0,
+                        help="hf/gguf-to-orbax: append N vocabulary rows (mean init)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                        help="hf/gguf-to-orbax: parameter dtype")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -183,8 +183,9 @@ def _shards(reader, cfg: dict) -> list[list]:
     shards: list[list] = [[]]
     size = 0
     for t in reader.tensors:
-        if hf_name(t.name, cfg["num_hidden_layers"]) is None:
-            continue
+        if hf_name(t.name, cfg["num_hidden_layers"]) is None:  # e.g. Llama-3.1's rope_freqs, attention biases
+            raise ValueError(f"{reader.data.filename}: tensor {t.name!r} has no counterpart in a plain Llama "
+                             f"(unsupported model variant)")
         nbytes = 4 * math.prod(int(d) for d in t.shape)
         if shards[-1] and size + nbytes > SHARD_BYTES:
             shards.append([])
