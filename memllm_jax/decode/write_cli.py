@@ -21,13 +21,14 @@ import re
 from typing import Iterator
 
 from memllm_jax.decode.writer import WriteDocument
+from memllm_jax.errors import InputError, read_text
 
 PROGRESS = "write_progress.json"
 _SENT_END = re.compile(r"(?<=[.!?])\s+")
 
 
-class CorpusError(ValueError):
-    pass
+class CorpusError(InputError):
+    """A corpus record or progress file the writer cannot use."""
 
 
 def _doc_from_record(rec, path: pathlib.Path, k: int) -> WriteDocument:
@@ -58,7 +59,7 @@ def _doc_from_record(rec, path: pathlib.Path, k: int) -> WriteDocument:
 
 def read_corpus(path: pathlib.Path) -> Iterator[WriteDocument]:
     try:
-        raw = path.read_text(encoding="utf-8")
+        raw = read_text(path)
     except OSError as exc:
         raise CorpusError(f"{path}: {exc.strerror}") from exc
     if path.suffix == ".txt":

@@ -58,9 +58,29 @@ class _DocState:
     n_reads: int = 0
     n_nonempty: int = 0
     n_target_hit: int = 0
+    query_checks: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(QUERY_CHECKS, 0))
     active: bool = True
     forward: Any = None
     forward_shift: int = 0
+
+
+QUERY_CHECKS = ("gold_position_reads", "query_entity_correct", "query_relation_correct", "query_exact")
+"""Counted at gold read positions when the model writes the queries: reads there, and reads where one of the
+model's queries names a gold query's entity, its relation, or equals a gold query (case-insensitively)."""
+
+
+def _query_key(q: protocol.Query) -> tuple[str, str, str]:
+    return tuple(" ".join((x or "").split()).lower() for x in (q.subject, q.relation, q.object))  # type: ignore
+
+
+def check_queries(generated: Sequence[protocol.Query], gold: Sequence[protocol.Query]) -> dict[str, int]:
+    """One read's QUERY_CHECKS (1 / 0 each) for the model's `generated` queries against the `gold` ones."""
+    gen, ref = [_query_key(q) for q in generated], [_query_key(q) for q in gold]
+    entities = {s or o for s, _, o in ref}
+    return {"gold_position_reads": 1,
+            "query_entity_correct": int(any((s or o) in entities for s, _, o in gen)),
+            "query_relation_correct": int(any(r in {g[1] for g in ref} for _, r, _ in gen)),
+            "query_exact": int(any(g in ref for g in gen))}
 
 
 @dataclasses.dataclass
@@ -158,6 +178,9 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
             r.state.n_reads += 1
             if targets and any(t in entities for t in targets):
                 r.state.n_target_hit += 1
+            if r.gold is not None and setting.queries == "model":
+                for key, value in check_queries(r.queries, r.gold.queries).items():
+                    r.state.query_checks[key] += value
             if entities and r.call_ids:
                 r.state.n_nonempty += 1
                 r.result_ids = list(tok.encode(protocol.format_read_result(entities)))
@@ -200,6 +223,7 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
              "reads_with_results": sum(s.n_nonempty for s in states),
              "target_in_results": sum(s.n_target_hit for s in states),
              "gold_reads": sum(len(s.enc.read_tokens) for s in states),
+             **{key: sum(s.query_checks[key] for s in states) for key in QUERY_CHECKS},
              "tokens": total.count.get("overall", 0)}
     return PerplexityResult(corpus_perplexities(nlls), total, stats, per_doc)
 

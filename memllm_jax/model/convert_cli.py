@@ -30,7 +30,9 @@ def main(args: argparse.Namespace) -> int:
     from memllm_jax.sharding import abstract_model
 
     if args.direction.startswith("gguf-to-") and not is_gguf(args.src):
-        raise ValueError(f"{args.src}: {args.direction} reads a .gguf file")
+        from memllm_jax.errors import InputError
+
+        raise InputError(f"{args.src}: {args.direction} reads a .gguf file")
     if args.direction == "gguf-to-hf":
         out = gguf_to_hf(args.src, args.dst)
         print(f"wrote {out} (HF Llama directory with its tokenizer) from {args.src}")

@@ -4,7 +4,8 @@
 `TENSOR_NAMES` (GGUF name -> HF name), undoes llama.cpp's rotary row permutation of the q/k projections,
 builds `config.json` from the `{arch}.*` metadata (`CONFIG_KEYS`) and saves transformers' conversion of the
 embedded tokenizer. `resolve_model_dir(path)` does that once per file into a cache and returns the directory,
-so every command that takes a model directory also takes `FILE.gguf`.
+so every command that takes a model directory also takes `FILE.gguf`. Bad files raise `InputError` (a
+ValueError) or `FileNotFoundError`, one line naming the file and the field.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import shutil
 import tempfile
 
 import numpy as np
+
+from memllm_jax.errors import InputError
 
 ARCHITECTURES = ("llama", "mistral")
 """`general.architecture` values read (llama.cpp stores Mistral-7B as "llama"); both become HF "llama"."""
@@ -78,17 +81,17 @@ def open_gguf(path: str | os.PathLike):
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
-        raise ValueError(f"{path}: field 'magic' is {magic!r}, expected b'GGUF' (not a GGUF file)")
+        raise InputError(f"{path}: field 'magic' is {magic!r}, expected b'GGUF' (not a GGUF file)")
     try:
         return gguf.GGUFReader(path)
     except (ValueError, IndexError, OSError) as e:
-        raise ValueError(f"{path}: truncated or corrupt GGUF file (reading its header and tensor table: {e})") from None
+        raise InputError(f"{path}: truncated or corrupt GGUF file (reading its header and tensor table: {e})") from None
 
 
 def _field(reader, key: str, default=...):
     if key not in reader.fields:
         if default is ...:
-            raise ValueError(f"{reader.data.filename}: missing field {key!r}")
+            raise InputError(f"{reader.data.filename}: missing field {key!r}")
         return default
     value = reader.fields[key].contents()
     if isinstance(value, float):  # stored as float32: keep its shortest spelling (1e-05, not 9.99999974e-06)
@@ -101,13 +104,13 @@ def hf_config(reader) -> dict:
     where = reader.data.filename
     arch = _field(reader, "general.architecture")
     if arch not in ARCHITECTURES:
-        raise ValueError(f"{where}: field 'general.architecture' is {arch!r}, supported: {', '.join(ARCHITECTURES)}")
+        raise InputError(f"{where}: field 'general.architecture' is {arch!r}, supported: {', '.join(ARCHITECTURES)}")
     if _field(reader, f"{arch}.expert_count", 0):
-        raise ValueError(f"{where}: field '{arch}.expert_count' is {_field(reader, f'{arch}.expert_count')}: "
+        raise InputError(f"{where}: field '{arch}.expert_count' is {_field(reader, f'{arch}.expert_count')}: "
                          f"mixture-of-experts models are not supported")
     scaling = _field(reader, f"{arch}.rope.scaling.type", "none")
     if scaling != "none":
-        raise ValueError(f"{where}: field '{arch}.rope.scaling.type' is {scaling!r}, only default RoPE is supported")
+        raise InputError(f"{where}: field '{arch}.rope.scaling.type' is {scaling!r}, only default RoPE is supported")
     cfg: dict = {}
     for key, (hf_key, default) in CONFIG_KEYS.items():
         if isinstance(default, str):
@@ -116,12 +119,12 @@ def hf_config(reader) -> dict:
     head_dim = _field(reader, f"{arch}.attention.key_length", cfg["hidden_size"] // cfg["num_attention_heads"])
     rope_dim = _field(reader, f"{arch}.rope.dimension_count", head_dim)
     if rope_dim != head_dim:
-        raise ValueError(f"{where}: field '{arch}.rope.dimension_count' is {rope_dim}, but the head width is "
+        raise InputError(f"{where}: field '{arch}.rope.dimension_count' is {rope_dim}, but the head width is "
                          f"{head_dim}: partial rotary embeddings are not supported")
     names = {t.name for t in reader.tensors}
     embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embed is None:
-        raise ValueError(f"{where}: tensor 'token_embd.weight' is missing")
+        raise InputError(f"{where}: tensor 'token_embd.weight' is missing")
     vocab = _field(reader, f"{arch}.vocab_size", int(embed.shape[1]))
     cfg.update(
         architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=vocab, head_dim=head_dim,
@@ -158,7 +161,7 @@ def check_type(reader, tensor) -> None:
 
     kind = GGMLQuantizationType(tensor.tensor_type).name
     if kind not in SUPPORTED_TYPES:
-        raise ValueError(f"{reader.data.filename}: tensor {tensor.name!r} has type {kind}, supported: "
+        raise InputError(f"{reader.data.filename}: tensor {tensor.name!r} has type {kind}, supported: "
                          f"{', '.join(SUPPORTED_TYPES)}")
 
 
@@ -184,7 +187,7 @@ def _shards(reader, cfg: dict) -> list[list]:
     size = 0
     for t in reader.tensors:
         if hf_name(t.name, cfg["num_hidden_layers"]) is None:  # e.g. Llama-3.1's rope_freqs, attention biases
-            raise ValueError(f"{reader.data.filename}: tensor {t.name!r} has no counterpart in a plain Llama "
+            raise InputError(f"{reader.data.filename}: tensor {t.name!r} has no counterpart in a plain Llama "
                              f"(unsupported model variant)")
         nbytes = 4 * math.prod(int(d) for d in t.shape)
         if shards[-1] and size + nbytes > SHARD_BYTES:
@@ -208,7 +211,7 @@ def _write_weights(reader, cfg: dict, out: pathlib.Path) -> None:
     expected = {n.format(i=i) for n in expected for i in range(cfg["num_hidden_layers"])}
     found = {hf_name(t.name, cfg["num_hidden_layers"]) for shard in shards for t in shard}
     if expected - found:
-        raise ValueError(f"{reader.data.filename}: missing tensor(s) for {sorted(expected - found)[:3]} "
+        raise InputError(f"{reader.data.filename}: missing tensor(s) for {sorted(expected - found)[:3]} "
                          f"({len(expected - found)} in all)")
     weight_map = {}
     for k, shard in enumerate(shards):
@@ -227,7 +230,7 @@ def _write_tokenizer(path: pathlib.Path, out: pathlib.Path) -> None:
     try:
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds; the file and field is what matters
-        raise ValueError(f"{path}: field 'tokenizer.ggml.model': transformers cannot convert the tokenizer "
+        raise InputError(f"{path}: field 'tokenizer.ggml.model': transformers cannot convert the tokenizer "
                          f"({type(e).__name__}: {e})") from None
     tok.save_pretrained(str(out))
 
