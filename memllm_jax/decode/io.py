@@ -9,11 +9,13 @@ from typing import Sequence
 
 def load_model(path: str | pathlib.Path, tokenizer: str | pathlib.Path | None = None):
     """`(model, tokenizer)` from an HF-format Mistral directory (as written by `memllm convert` /
-    `save_hf`; tokenizer from `tokenizer` or the same directory) or from a finished training run directory
-    (`train_config.json` + `params/`; LoRA merged; tokenizer from `tokenizer` or the run's config)."""
+    `save_hf`; tokenizer from `tokenizer` or the same directory), a `.gguf` file (converted once to such a
+    directory) or from a finished training run directory (`train_config.json` + `params/`; LoRA merged;
+    tokenizer from `tokenizer` or the run's config)."""
     from memllm_jax.errors import InputError, load_json
+    from memllm_jax.model.gguf import resolve_model_dir
 
-    path = pathlib.Path(path)
+    path = resolve_model_dir(path)
     run_config = path / "train_config.json"
     if not run_config.exists() and not (path / "config.json").exists():  # before importing jax: fail fast
         raise InputError(f"{path}: neither an HF-format model directory (config.json) nor a training run "
@@ -31,9 +33,11 @@ def load_model(path: str | pathlib.Path, tokenizer: str | pathlib.Path | None = 
         model = load_trained_model(str(path))
         tok, cfg = load_tokenizer(tok_path), model.cfg
     else:
-        load_json(path / "config.json")  # a damaged config names itself before the tokenizer reads it
+        hf_cfg = load_json(path / "config.json")  # a damaged config names itself before the tokenizer reads it
         tok = load_tokenizer(tokenizer or path)
-        cfg, model = load_hf(path)
+        # A base model's tokenizer gets the API markers added: append their rows (mean init), as training does.
+        hf_vocab = hf_cfg.get("vocab_size", tok.vocab_size) if isinstance(hf_cfg, dict) else tok.vocab_size
+        cfg, model = load_hf(path, extra_tokens=max(0, tok.vocab_size - int(hf_vocab)))
     if tok.vocab_size > cfg.vocab_size:
         raise InputError(f"{tokenizer or path}: tokenizer has {tok.vocab_size} ids but the model only "
                          f"{cfg.vocab_size} (config.json field vocab_size)")
