@@ -32,6 +32,10 @@ class PipelineConfig:
     """Synthetic documents generated (train + eval + outside)."""
     synth_seed: int = 0
     """Seed of the synthetic world and documents."""
+    eval_corpus: str = ""
+    """A second DocRED-format JSON file whose last `eval_docs` (+ `outside_docs`) documents are the evaluation
+    (and outside) documents, while every document of `corpus` trains (e.g. Re-DocRED train as `corpus` and
+    Re-DocRED test as `eval_corpus`, the paper's split); "" = split `corpus` itself."""
     heldout_world: bool = True
     """Synthetic corpus only: the evaluation and outside documents come from a second world that shares no entity
     with the training documents' world, so the base model cannot know their facts and only memory can supply
@@ -105,7 +109,8 @@ def _atomic_text(path: pathlib.Path, text: str) -> None:
 
 
 _DEPENDS = {
-    "corpus": ("corpus", "synth_docs", "synth_seed", "heldout_world", "labels", "eval_docs", "outside_docs"),
+    "corpus": ("corpus", "eval_corpus", "synth_docs", "synth_seed", "heldout_world", "labels", "eval_docs",
+               "outside_docs"),
     "tokenizer": ("base_model", "vocab_size", "tokenizer_texts"),
     "pretrain": ("pretrain_config", "train_overrides"),
     "mw": ("mw_config", "train_overrides"),

@@ -29,6 +29,16 @@ def _documents(self, split: str):
     return load_documents(str(self.out / "data" / f"{split}.json"), _labels(self))
 
 
+def _load_corpus_file(path: str, field: str) -> list:
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: corpus file not found (PipelineConfig.{field})")
+    raw = load_json(path)
+    if not isinstance(raw, list):
+        raise InputError(f"{path}: expected a JSON array of DocRED-format documents (PipelineConfig.{field})")
+    return raw
+
+
 def stage_corpus(self):
     cfg, data = self.cfg, self.out / "data"
     n_eval, n_out = cfg.eval_docs, cfg.outside_docs
@@ -42,12 +52,13 @@ def stage_corpus(self):
 
         raw = list(iter_synthetic(cfg.synth_docs, seed=cfg.synth_seed))
     else:
-        path = pathlib.Path(cfg.corpus)
-        if not path.exists():
-            raise SystemExit(f"{path}: corpus file not found (PipelineConfig.corpus)")
-        raw = load_json(path)
-        if not isinstance(raw, list):
-            raise InputError(f"{path}: expected a JSON array of DocRED-format documents (PipelineConfig.corpus)")
+        raw = _load_corpus_file(cfg.corpus, "corpus")
+        if cfg.eval_corpus:  # a separate evaluation file: its last documents are the evaluation (and outside) ones
+            held = _load_corpus_file(cfg.eval_corpus, "eval_corpus")
+            if len(held) < n_eval + n_out:
+                raise InputError(f"{cfg.eval_corpus}: {len(held)} documents, fewer than eval_docs + outside_docs = "
+                                 f"{n_eval + n_out} (PipelineConfig.eval_corpus)")
+            raw = raw + held[len(held) - n_eval - n_out:]
     if len(raw) <= n_eval + n_out:
         raise SystemExit(f"corpus has {len(raw)} documents; eval_docs + outside_docs = {n_eval + n_out} leaves none to train on")
     split = {"train": raw[: len(raw) - n_eval - n_out], "outside": raw[len(raw) - n_eval - n_out: len(raw) - n_eval],
