@@ -70,6 +70,9 @@ class PipelineConfig:
     """Held-out write and read examples on which the adapters' field-split losses (the copy probe) are measured."""
     rows: tuple[str, ...] = ("baseline1", "baseline2", "row3", "row4", "row5", "row6", "row7", "row8", "row9")
     """Table 2 rows to evaluate (memllm_jax.eval.rows.ROWS keys)."""
+    read_threshold: float | None = None
+    """Rows with model-chosen read positions: read where p(`({MEM_READ(`) >= this (None: where it is the most
+    likely token, the paper's greedy decoding)."""
     eval_batch: int = 8
     """Documents per forward in the perplexity evaluation."""
     editing: str = "synthetic"
@@ -117,7 +120,7 @@ _DEPENDS = {
     "mr": ("mr_config", "train_overrides"),
     "memory": ("encoder",),
     "diagnostics": ("diagnostic_examples",),
-    "table2": ("rows", "eval_batch"),
+    "table2": ("rows", "read_threshold", "eval_batch"),
     "editing": ("editing", "n_edits", "editing_regimes"),
     "scaling": ("scaling_sizes", "scaling_row", "growth_checkpoints"),
     "report": (),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import pathlib
 import random
 
@@ -211,15 +213,20 @@ def stage_table2(self):
     if not self.cfg.rows:
         self.say("  no rows selected: skipped (earlier results kept)")
         return {"skipped": True}
-    docs, tok, results = self.eval_docs(), self.tokenizer(), {}
+    # rows evaluated earlier (e.g. one row per sweep point) are kept; the rows run now replace theirs
     path = self.out / "results" / "table2.json"
+    docs, tok = self.eval_docs(), self.tokenizer()
+    results = {k: v for k, v in (json.loads(path.read_text()) if path.exists() else {}).items() if k not in self.cfg.rows}
     for row in get_rows(self.cfg.rows):
         if row.memory.startswith("mw_outside") and not self.cfg.outside_docs:
             self.say(f"  {row.name}: skipped (outside_docs = 0)")
             continue
         memory = None if row.memory == "none" else self.memory(row.memory)
         model = self.model("base" if row.model == "base" else "mr")
-        res = evaluate_perplexity(model, tok, docs, memory, row.read, batch_size=self.cfg.eval_batch, progress=self.say)
+        setting = row.read
+        if setting.positions == "model" and self.cfg.read_threshold is not None:
+            setting = dataclasses.replace(setting, read_threshold=self.cfg.read_threshold)
+        res = evaluate_perplexity(model, tok, docs, memory, setting, batch_size=self.cfg.eval_batch, progress=self.say)
         results[row.key] = {"name": row.name, "description": row.description, **res.to_json()}
         p = res.ppl
         self.say(f"  {row.name:12s} OVERALL {p['overall']:.3f}  TARGET {p['target']:.3f}  ENTITY {p['entity']:.3f}"

@@ -12,6 +12,8 @@ from experiments.pipeline import PipelineConfig
 def get_config() -> PipelineConfig:
     return PipelineConfig(name="default", base_model="smollm2-135m", mw_config="mw_smollm2", mr_config="mr_smollm2",
                           eval_docs=40, outside_docs=60, n_edits=200, scaling_sizes=(0, 100, 1000),
+                          rows=("baseline1", "baseline2", "row1", "row2", "row3", "row4", "row5", "row6", "row7",
+                                "row8", "row9"),
                           parallel_adapters=False)
 
 
