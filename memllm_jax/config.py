@@ -46,6 +46,13 @@ class ModelConfig:
     """dtype activations and matmuls run in ("float32" or "bfloat16"); softmax and norms stay float32."""
     remat: bool = False
     """Rematerialise each decoder block in the backward pass (saves activation memory)."""
+    remat_policy: str = "nothing_saveable"
+    """With `remat`: what a block keeps from its forward pass, by name in `jax.checkpoint_policies`
+    ("nothing_saveable": only the block's input; "dots_with_no_batch_dims_saveable": also the matmul outputs)."""
+    scan_layers: bool = True
+    """Stack the blocks' parameters on a leading "layers" axis and run them with `jax.lax.scan`: one block is
+    compiled (compile time independent of depth) and only one layer's gathered weights are live at a time.
+    False: a Python loop over separate blocks."""
 
 
 @dataclasses.dataclass(frozen=True)

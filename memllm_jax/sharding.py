@@ -26,7 +26,7 @@ LOGICAL_AXIS_RULES: dict[str, str | tuple[str, ...] | None] = {
     "q_heads": "tensor",
     "kv_heads": "tensor",
     "mlp": "tensor",
-    # "seq", "embed_act", "head_dim", "norm", "lora_rank": replicated
+    # "layers" (scanned parameters' leading axis), "seq", "embed_act", "head_dim", "norm", "lora_rank": replicated
 }
 """Logical axis -> mesh axis (or axes); names not listed are replicated."""
 
