@@ -95,6 +95,15 @@ def cache_shardings(cfg: ModelConfig, mesh: Mesh, batch_size: int, max_len: int)
     return KVCache(kv, kv, lengths)
 
 
+def row_sharding(sharding, depth: int = 1):
+    """The sharding of one row of an array stacked on `depth` leading unsharded axes (a scanned layer's
+    parameter, a cache layer), and back with `depth=-1` (the stack of rows sharded like `sharding`)."""
+    if not isinstance(sharding, NamedSharding):
+        return sharding
+    spec = tuple(sharding.spec)[depth:] if depth > 0 else (None,) * -depth + tuple(sharding.spec)
+    return NamedSharding(sharding.mesh, PartitionSpec(*spec))
+
+
 def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
     """`with_sharding_constraint` by logical names when a mesh is set (`jax.set_mesh`); a no-op otherwise."""
     mesh = jax.sharding.get_abstract_mesh()

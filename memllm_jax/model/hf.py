@@ -187,15 +187,6 @@ def _get_path(tree, path):
     return tree
 
 
-def _row_sharding(sharding):
-    """The sharding of one row of an array stacked on a leading (unsharded) layer axis."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    if isinstance(sharding, NamedSharding):
-        return NamedSharding(sharding.mesh, PartitionSpec(*sharding.spec[1:]))
-    return sharding
-
-
 @functools.partial(jax.jit, donate_argnums=0)
 def _set_row(stacked, row_array, i):
     return jax.lax.dynamic_update_index_in_dim(stacked, row_array.astype(stacked.dtype), i, 0)
@@ -210,7 +201,9 @@ def _place(state, sh, entry: Entry, array: np.ndarray) -> None:
     if isinstance(parent[key], jax.ShapeDtypeStruct):  # the first row: allocate the stack in its sharding
         shape, dtype = parent[key].shape, parent[key].dtype
         parent[key] = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)()
-    parent[key] = _set_row(parent[key], jax.device_put(array, _row_sharding(sharding)), entry.layer)
+    from memllm_jax.sharding import row_sharding
+
+    parent[key] = _set_row(parent[key], jax.device_put(array, row_sharding(sharding)), entry.layer)
 
 
 def load_hf(

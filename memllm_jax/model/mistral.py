@@ -46,8 +46,11 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int | None = None, dt
 
 def unstack_cache(cache: KVCache) -> KVCache:
     """The same cache with `k_LxBxSxKxH` / `v_LxBxSxKxH` as tuples of per-layer B x S x K x H arrays, which
-    the model also accepts (and returns in the same form). Decode loops carry this form: each layer then
-    attends to its own buffer with no per-step slice of the stacked array. `stack_cache` undoes it."""
+    the model also accepts (and returns in the same form). Decode loops carry this form for unrolled models:
+    each layer then attends to its own buffer with no per-step slice of the stacked array. A scanned model
+    given this form runs its blocks as a Python loop over static slices of its stacked parameters (as fast
+    as the unrolled model on CPU, but every layer's gathered weights are live at once, so decode loops keep
+    a scanned model's cache stacked). `stack_cache` undoes it."""
     if isinstance(cache.k_LxBxSxKxH, (tuple, list)):
         return cache
     L = cache.k_LxBxSxKxH.shape[0]
@@ -250,6 +253,12 @@ def stack_blocks(blocks: Sequence[Block]) -> Block:
     return nnx.merge(graphdef, stacked)
 
 
+def unstack_blocks(stack: Block, n_layers: int) -> list[Block]:
+    """The inverse of `stack_blocks`: one Block per row (their variables are static slices of the stack)."""
+    graphdef, state = nnx.split(stack)
+    return [nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state)) for i in range(n_layers)]
+
+
 def _scan_blocks(stack: Block, cfg: ModelConfig, x_BxLxD, cos, sin, mask_BxLxS, cache_kv, write_BxL, deterministic):
     """Run the stacked blocks with `jax.lax.scan` (rematerialised by `cfg.remat_policy` when training).
     `cache_kv` is None or the stacked `(k_LxBxSxKxH, v_LxBxSxKxH)`, carried whole and updated in place at the
@@ -272,7 +281,8 @@ def _scan_blocks(stack: Block, cfg: ModelConfig, x_BxLxD, cos, sin, mask_BxLxS, 
 
     layers = jnp.arange(cfg.n_layers, dtype=jnp.int32)
     (x_BxLxD, cache_kv), rng_state = jax.lax.scan(body, (x_BxLxD, cache_kv), (state, layers))
-    nnx.update(stack, rng_state)
+    if not deterministic:  # only dropout advances the counters; no tracers leak into a model closed over
+        nnx.update(stack, rng_state)
     return x_BxLxD, cache_kv
 
 
@@ -352,9 +362,7 @@ class Mistral(nnx.Module):
             mask_BxLxS &= segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
 
         layered = cache is not None and isinstance(cache.k_LxBxSxKxH, (tuple, list))
-        if cfg.scan_layers:
-            if layered:  # correct but copies; decode loops keep a scanned model's cache stacked
-                cache, layered = stack_cache(cache), False
+        if cfg.scan_layers and not layered:  # training, prefill, one-shot forwards
             kv = None if cache is None else (cache.k_LxBxSxKxH, cache.v_LxBxSxKxH)
             x_BxLxD, kv = _scan_blocks(self.layers, cfg, x_BxLxD, cos, sin, mask_BxLxS, kv, write_BxL, deterministic)
             k_all, v_all = (None, None) if kv is None else kv
@@ -371,8 +379,8 @@ class Mistral(nnx.Module):
         return logits_BxLxV, cache
 
     def _loop_blocks(self, x_BxLxD, cos, sin, mask_BxLxS, cache, write_BxL, deterministic):
-        """The unrolled form: a Python loop over `self.layers`. Returns `(x_BxLxD, k, v)`, the cache arrays
-        in the form given (stacked or per-layer tuples; None without a cache)."""
+        """The unrolled form: a Python loop over the blocks (static slices of scanned ones). Returns
+        `(x_BxLxD, k, v)`, the cache arrays in the form given (stacked or per-layer tuples; None without one)."""
         cfg = self.cfg
         if cfg.remat and cache is None:
             run = nnx.remat(_run_block, static_argnums=(7,), policy=remat_policy(cfg))
@@ -383,7 +391,8 @@ class Mistral(nnx.Module):
         if cache is not None:
             k_all, v_all = cache.k_LxBxSxKxH, cache.v_LxBxSxKxH
             new_k, new_v = list(k_all) if layered else None, list(v_all) if layered else None
-        for i, block in enumerate(self.layers):
+        blocks = unstack_blocks(self.layers, cfg.n_layers) if cfg.scan_layers else self.layers
+        for i, block in enumerate(blocks):
             if cache is None:
                 cache_kv = None
             elif layered:
@@ -397,5 +406,7 @@ class Mistral(nnx.Module):
                 k_all, v_all = k, v
         if layered:
             k_all, v_all = tuple(new_k), tuple(new_v)
+        if cfg.scan_layers and not deterministic:
+            nnx.update(self.layers, jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(b, nnx.RngState) for b in blocks]))
         return x_BxLxD, k_all, v_all
 
