@@ -163,7 +163,7 @@ def _config_to_json(cfg: TrainConfig) -> dict:
 
 def config_from_json(d: dict) -> TrainConfig:
     d = dict(d)
-    d["model"] = ModelConfig(**d["model"])
+    d["model"] = ModelConfig(**{"scan_layers": False, **d["model"]})  # runs from before the field: unrolled
     d["lora"] = LoraConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d["lora"].items()}) if d.get("lora") else None
     d["mesh"] = MeshConfig(**d["mesh"])
     for k in ("train_data", "eval_data", "buckets"):
