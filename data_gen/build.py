@@ -89,9 +89,24 @@ def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds
               query_fn_factory: Callable[[Callable[[], Iterable[Document]]], object] | None = None,
               pretext_sentences: int | None = 10, q_thr: int = 30, max_queries: int = 3, filter_ambiguous: bool = True,
               counterfactual: int = 0, fmt: str = "jsonl", limit: int | None = None, seed: int = 0) -> Stats:
-    t0 = time.perf_counter()
     out = pathlib.Path(out_dir)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _build_all(input_path, out, labels, kinds=kinds, query_fn_factory=query_fn_factory,
+                          pretext_sentences=pretext_sentences, q_thr=q_thr, max_queries=max_queries,
+                          filter_ambiguous=filter_ambiguous, counterfactual=counterfactual, fmt=fmt, limit=limit, seed=seed)
+    except BaseException:
+        if created:  # the writers removed their temp files; leave no empty output directory either
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
+
+
+def _build_all(input_path: str, out: pathlib.Path, labels: Mapping[str, str], *, kinds: set[str], query_fn_factory,
+               pretext_sentences: int | None, q_thr: int, max_queries: int, filter_ambiguous: bool, counterfactual: int,
+               fmt: str, limit: int | None, seed: int) -> Stats:
+    t0 = time.perf_counter()
     streams: list[tuple[int | None, Callable[[], Iterator[Document]]]] = [
         (None, lambda: iter_documents(input_path, labels, limit))]
     if counterfactual:

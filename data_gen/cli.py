@@ -11,6 +11,7 @@ import time
 
 from data_gen.relations import DEFAULT_REL_INFO, load_relation_labels
 from data_gen.stats import Stats
+from memllm_jax.errors import InputError
 
 MEMLLM_LABELS = DEFAULT_REL_INFO.parent / "rel_labels_memllm.json"
 
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--kinds", default="write,read,eval", help="comma list of write, read, eval, lm")
     b.add_argument("--labels", default=None,
                    help="relation labels: a JSON file, 'docred' (rel_info.json) or 'memllm' (rel_labels_memllm.json); "
-                        "default: rel_info.json beside the input, else DocRED's")
+                        "default: rel_info.json beside the input, else the corpus's ids if the bundled synthetic table knows them")
     b.add_argument("--memory", default="gold",
                    help="'gold' (exact lookup of the corpus's gold triples) or a TripleMemory directory "
                         "(created and filled with the gold triples when it does not exist)")
@@ -62,14 +63,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _labels(spec: str | None, input_path: str) -> dict[str, str]:
-    if spec == "docred":
-        return load_relation_labels(DEFAULT_REL_INFO)
-    if spec == "memllm":
-        return load_relation_labels(MEMLLM_LABELS)
+    """`--labels`: a file, or 'docred' / 'memllm' (the shared DocRED label files). Without it: rel_info.json
+    beside the input (as `memllm data synth` writes it), else the corpus's own relation ids when the bundled
+    synthetic label table knows them all, else an error asking for `--labels FILE`."""
+    if spec in ("docred", "memllm"):
+        path = DEFAULT_REL_INFO if spec == "docred" else MEMLLM_LABELS
+        if not path.is_file():
+            raise InputError(f"--labels {spec}: {path} is not on this machine; pass --labels FILE "
+                             "(a JSON object mapping relation ids to labels, e.g. DocRED's rel_info.json)")
+        return load_relation_labels(path)
     if spec:
         return load_relation_labels(spec)
     beside = pathlib.Path(input_path).parent / "rel_info.json"
-    return load_relation_labels(beside if beside.exists() else DEFAULT_REL_INFO)
+    if beside.exists():
+        return load_relation_labels(beside)
+    return _corpus_labels(input_path)
+
+
+def _corpus_labels(input_path: str) -> dict[str, str]:
+    """The bundled synthetic label table, when it names every relation id the corpus uses."""
+    from data_gen.io import iter_json_array
+    from data_gen.synthetic import synthetic_rel_info
+
+    known = synthetic_rel_info()
+    used = {lab["r"] for doc in iter_json_array(input_path) if isinstance(doc, dict) and isinstance(doc.get("labels"), list)
+            for lab in doc["labels"] if isinstance(lab, dict) and isinstance(lab.get("r"), str)}
+    unknown = sorted(used - known.keys())
+    if unknown:
+        shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+        raise InputError(f"{input_path}: relation ids {shown} have no label here (no rel_info.json beside the corpus, "
+                         "not in the bundled synthetic table); pass --labels FILE (a JSON object mapping relation ids "
+                         "to labels, e.g. DocRED's rel_info.json)")
+    return known
 
 
 def main(args: argparse.Namespace) -> int:
@@ -80,6 +105,8 @@ def _synth(args) -> int:
     from data_gen.io import JsonArrayWriter, JsonlWriter, atomic_open
     from data_gen.synthetic import iter_synthetic, synthetic_rel_info
 
+    if args.docs < 1:
+        raise InputError(f"--docs {args.docs}: a corpus needs at least one document")
     t0 = time.perf_counter()
     out = pathlib.Path(args.out)
     n_sent = n_rel = n_pron = 0
@@ -142,6 +169,8 @@ def _filter(args) -> int:
 
     labels = _labels(args.labels, args.input)
     docs = list(iter_json_array(args.input))
+    if not docs:
+        raise InputError(f"{args.input}: no documents (an empty corpus)")
     if args.score:
         cands = DF.balanced_test_set(docs, labels, args.score, args.seed)
     else:

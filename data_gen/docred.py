@@ -14,6 +14,7 @@ import os
 from typing import Iterable, Iterator, Mapping
 
 from data_gen.io import iter_json_array
+from memllm_jax.errors import InputError
 
 PRONOUNS: frozenset[str] = frozenset(
     "he she it they him her his hers its their theirs them we us our ours i me my mine you your yours "
@@ -25,7 +26,7 @@ _NO_SPACE_BEFORE = frozenset(". , ; : ! ? ) ] } % 's 'S n't 're 've 'll 'd 'm �
 _NO_SPACE_AFTER = frozenset("( [ { $ “ ‘".split())
 
 
-class DocumentError(ValueError):
+class DocumentError(InputError):
     """A malformed document; the message names the file, the document index and the field."""
 
 
@@ -199,11 +200,15 @@ def parse_document(raw: Mapping, index: int, labels: Mapping[str, str], source: 
 
 
 def iter_documents(path: str | os.PathLike, labels: Mapping[str, str], limit: int | None = None) -> Iterator[Document]:
-    """Stream the validated documents of a DocRED-format JSON array (or a .jsonl file)."""
-    for i, raw in enumerate(iter_json_array(path)):
-        if limit is not None and i >= limit:
+    """Stream the validated documents of a DocRED-format JSON array (or a .jsonl file); a file without
+    documents is an error (an empty build is never what was meant)."""
+    n = 0
+    for n, raw in enumerate(iter_json_array(path), 1):
+        if limit is not None and n > limit:
             return
-        yield parse_document(raw, i, labels, str(path))
+        yield parse_document(raw, n - 1, labels, str(path))
+    if n == 0:
+        raise DocumentError(f"{path}: no documents (an empty corpus)")
 
 
 def load_documents(path: str | os.PathLike, labels: Mapping[str, str], limit: int | None = None) -> list[Document]:

@@ -13,6 +13,8 @@ import pathlib
 import tempfile
 from typing import Any, Iterable, Iterator
 
+from memllm_jax.errors import InputError, not_utf8, truncation_note
+
 
 @contextlib.contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
@@ -61,28 +63,42 @@ def write_jsonl(path: str | os.PathLike, records: Iterable[dict]) -> int:
 
 
 def read_jsonl(path: str | os.PathLike) -> Iterator[dict]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}: line {lineno}: invalid JSON: {exc}") from None
+    """The records of a JSONL file; errors name the file and line (and byte offset for non-UTF-8)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise InputError(f"{path}: line {lineno}: invalid JSON: {exc.msg}: column {exc.colno}") from None
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
 
 
 def iter_json_array(path: str | os.PathLike, chunk_chars: int = 1 << 20) -> Iterator[Any]:
-    """Stream the elements of a top-level JSON array (or the lines of a .jsonl file) without loading it whole."""
+    """Stream the elements of a top-level JSON array (or the lines of a .jsonl file) without loading it whole.
+    Errors name the file, the element index and its character position."""
     path = pathlib.Path(path)
     if path.suffix == ".jsonl":
         yield from read_jsonl(path)
         return
+    try:
+        yield from _iter_json_array(path, chunk_chars)
+    except UnicodeDecodeError:
+        raise not_utf8(path) from None
+
+
+def _iter_json_array(path: pathlib.Path, chunk_chars: int) -> Iterator[Any]:
     decoder = json.JSONDecoder()
     with open(path, encoding="utf-8") as f:
         buf = f.read(chunk_chars)
         pos = len(buf) - len(buf.lstrip())
         if not buf[pos:pos + 1] == "[":
-            raise ValueError(f"{path}: expected a JSON array of documents (or a .jsonl file)")
+            found = "an empty file" if not buf.strip() else f"{buf[pos:pos + 1]!r} at char {pos}"
+            raise InputError(f"{path}: expected a JSON array of documents (or a .jsonl file), found {found}")
         pos += 1
+        dropped = 0  # characters of the file before buf[0]
         index = 0
         eof = False
         while True:
@@ -91,31 +107,33 @@ def iter_json_array(path: str | os.PathLike, chunk_chars: int = 1 << 20) -> Iter
             if pos >= len(buf) and not eof:
                 more = f.read(chunk_chars)
                 eof = not more
-                buf, pos = buf[pos:] + more, 0
+                dropped, buf, pos = dropped + pos, buf[pos:] + more, 0
                 continue
             if pos < len(buf) and buf[pos] == "]":
                 return
             if pos >= len(buf):
-                raise ValueError(f"{path}: unterminated JSON array after element {index}")
+                raise InputError(f"{path}: element {index} (char {dropped + pos}): the file ends without the array's "
+                                 "closing ']' (truncated?)")
             try:
                 obj, end = decoder.raw_decode(buf, pos)
             except json.JSONDecodeError as exc:
                 if eof:
-                    raise ValueError(f"{path}: element {index}: invalid JSON: {exc}") from None
+                    raise InputError(f"{path}: element {index} (char {dropped + pos}): invalid JSON: {exc.msg}: "
+                                     f"char {dropped + exc.pos}{truncation_note(buf, dropped + len(buf))}") from None
                 more = f.read(chunk_chars)
                 eof = not more
-                buf, pos = buf[pos:] + more, 0
+                dropped, buf, pos = dropped + pos, buf[pos:] + more, 0
                 continue
             if end == len(buf) and not eof:  # a number may continue in the next chunk
                 more = f.read(chunk_chars)
                 eof = not more
-                buf, pos = buf[pos:] + more, 0
+                dropped, buf, pos = dropped + pos, buf[pos:] + more, 0
                 continue
             yield obj
             index += 1
             pos = end
             if pos > chunk_chars:
-                buf, pos = buf[pos:], 0
+                dropped, buf, pos = dropped + pos, buf[pos:], 0
 
 
 class JsonArrayWriter:

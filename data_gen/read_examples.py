@@ -37,7 +37,9 @@ MAX_QUERIES = 3
 @dataclasses.dataclass
 class ReadPoint:
     pos: int
-    """Character offset of the read in `Document.text` (the target mention's start)."""
+    """Character offset of the read in `Document.text`: the start of the spaces before the target mention (or
+    the mention's start when none precede it), so that the text after the read begins with " Name" and is
+    tokenized as in the whole document by tokenizers that attach a space to the following word."""
     targets: list[Mention]
     queries: list[P.Query]
     """Kept queries, at most `max_queries`, in the order they appear in the call."""
@@ -59,6 +61,14 @@ class ReadPoint:
     def call_results(self) -> list[str]:
         """What the memory returns in the example: the merged results, or the target when they are empty."""
         return self.merged_results or [self.targets[0].text]
+
+
+def read_position(text: str, mention_start: int) -> int:
+    """Where a read before the mention starting at `mention_start` goes: before the spaces that precede it."""
+    pos = mention_start
+    while pos > 0 and text[pos - 1] == " ":
+        pos -= 1
+    return pos
 
 
 def scan_read_points(doc: Document, query_fn: QueryFn | None = None, q_thr: int = Q_THR,
@@ -115,7 +125,8 @@ def scan_read_points(doc: Document, query_fn: QueryFn | None = None, q_thr: int 
                 too_many += 1
                 continue
             scored.append((len(res), len(scored), q, list(res)))
-        if points and points[-1].pos == m.span[0]:  # two entities' mentions start at the same character
+        pos = read_position(doc.text, m.span[0])
+        if points and points[-1].pos == pos:  # two entities' mentions start at the same character
             pt = points[-1]
             pt.targets.append(m)
             pt.candidates += n_cand
@@ -129,7 +140,7 @@ def scan_read_points(doc: Document, query_fn: QueryFn | None = None, q_thr: int 
         if not scored:
             continue
         scored.sort(key=lambda s: (s[0], s[1]))
-        points.append(ReadPoint(m.span[0], [m], [s[2] for s in scored[:max_queries]], [s[3] for s in scored[:max_queries]],
+        points.append(ReadPoint(pos, [m], [s[2] for s in scored[:max_queries]], [s[3] for s in scored[:max_queries]],
                                 n_cand, n_amb, too_many))
     return points
 

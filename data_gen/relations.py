@@ -9,10 +9,10 @@ never fired.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 
+from memllm_jax.errors import InputError, load_json
 from memllm_jax.protocol import Query
 
 DEFAULT_REL_INFO = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "docred" / "rel_info.json"
@@ -50,15 +50,11 @@ AMBIGUOUS_OBJECT_QUERY_PIDS: frozenset[str] = frozenset({"P150"})  # contains ad
 def load_relation_labels(path: str | os.PathLike | None = None) -> dict[str, str]:
     """P-id -> label from a JSON object file (`rel_info.json` or `rel_labels_memllm.json`)."""
     path = pathlib.Path(path) if path is not None else DEFAULT_REL_INFO
-    try:
-        with open(path, encoding="utf-8") as f:
-            labels = json.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"relation label file not found: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON: {exc}") from None
+    if not path.is_file():
+        raise InputError(f"{path}: relation label file not found")
+    labels = load_json(path)
     if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-        raise ValueError(f"{path}: expected a JSON object mapping relation ids (e.g. 'P17') to label strings")
+        raise InputError(f"{path}: expected a JSON object mapping relation ids (e.g. 'P17') to label strings")
     return labels
 
 

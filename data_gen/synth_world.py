@@ -50,11 +50,15 @@ class Ent:
 
 
 class World:
-    def __init__(self, seed: int = 0, n_persons: int = 400):
+    """`exclude_names`: names another world already uses (a held-out world built with the training world's
+    names excluded shares no entity with it; only dates and years can coincide)."""
+
+    def __init__(self, seed: int | str = 0, n_persons: int = 400, exclude_names: frozenset[str] = frozenset()):
         self.seed = seed
         self.rng = random.Random(f"memllm-world:{seed}")
         self.ents: dict[str, Ent] = {}
         self._names: set[str] = set()
+        self._taken = set(exclude_names)
         n_persons = max(8, n_persons - n_persons % 4)
         n_countries = max(4, n_persons // 60)
         n_cities = max(12, n_persons // 6)
@@ -121,7 +125,7 @@ class World:
         return self.rng.choice(["", "The "]) + self._word(2) + " " + self._word(self.rng.choice([1, 2]))
 
     def _add(self, prefix: str, i: int, name: str, typ: str, **kw) -> Ent:
-        while name in self._names:  # names are unique across the world
+        while name in self._names or name in self._taken:  # unique in this world, unused by excluded ones
             name = name + self.rng.choice(["o", "an", "el"])
         self._names.add(name)
         e = Ent(f"{prefix}{i}", name, typ, **kw)
@@ -181,6 +185,10 @@ class World:
                             "P577": self.year(rng.randint(1920, 2020)), "P495": country.key,
                             "P364": country.facts["P37"]})
             creator.facts.setdefault("P800", []).append(w.key)
+
+    def names(self) -> frozenset[str]:
+        """Every named entity's name (dates and years excluded)."""
+        return frozenset(e.name for e in self.ents.values() if e.type != "TIME")
 
     def reverse(self, pid: str) -> dict[str, list[str]]:
         """object key -> subject keys for `pid` (cached)."""

@@ -260,6 +260,19 @@ def iter_synthetic(n_docs: int, seed: int = 0, n_persons: int | None = None, sty
         yield generate_document(world, i, style)
 
 
+HELDOUT_SEED_SUFFIX = ":heldout"
+
+
+def heldout_split(n_train: int, n_heldout: int, seed: int = 0, style: str = "docred") -> tuple[list[dict], list[dict]]:
+    """Training documents from one world and held-out documents from a second world that shares no entity
+    name with the first (seeded `f"{seed}:heldout"`), so no held-out fact is stated in training text: only a
+    memory can supply it. Returns (training documents, held-out documents)."""
+    train_world = World(seed, min(50000, max(40, n_train // 2)))
+    heldout_world = World(f"{seed}{HELDOUT_SEED_SUFFIX}", max(40, n_heldout // 2), exclude_names=train_world.names())
+    return (list(iter_synthetic(n_train, style=style, world=train_world)),
+            list(iter_synthetic(n_heldout, style=style, world=heldout_world)))
+
+
 def synthetic_rel_info() -> dict[str, str]:
     return dict(RELATIONS)
 

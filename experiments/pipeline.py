@@ -17,7 +17,8 @@ import pathlib
 import time
 from typing import Any, Callable
 
-STAGES = ("corpus", "tokenizer", "pretrain", "mw", "mr", "memory", "table2", "editing", "scaling", "report")
+STAGES = ("corpus", "tokenizer", "pretrain", "mw", "mr", "memory", "diagnostics", "table2", "editing", "scaling",
+          "report")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +32,14 @@ class PipelineConfig:
     """Synthetic documents generated (train + eval + outside)."""
     synth_seed: int = 0
     """Seed of the synthetic world and documents."""
+    eval_corpus: str = ""
+    """A second DocRED-format JSON file whose last `eval_docs` (+ `outside_docs`) documents are the evaluation
+    (and outside) documents, while every document of `corpus` trains (e.g. Re-DocRED train as `corpus` and
+    Re-DocRED test as `eval_corpus`, the paper's split); "" = split `corpus` itself."""
+    heldout_world: bool = True
+    """Synthetic corpus only: the evaluation and outside documents come from a second world that shares no entity
+    with the training documents' world, so the base model cannot know their facts and only memory can supply
+    them (False: one shared world, the facts recur across training and evaluation documents)."""
     labels: str = ""
     """Relation labels file for a DocRED corpus ("" = the synthetic labels / data_gen's default)."""
     eval_docs: int = 40
@@ -57,6 +66,8 @@ class PipelineConfig:
     """`section.field=value` for the three training configs, e.g. ("pretrain.steps=200", "mr.lr=1e-3")."""
     encoder: str = "minilm"
     """Name encoder of every memory."""
+    diagnostic_examples: int = 64
+    """Held-out write and read examples on which the adapters' field-split losses (the copy probe) are measured."""
     rows: tuple[str, ...] = ("baseline1", "baseline2", "row3", "row4", "row5", "row6", "row7", "row8", "row9")
     """Table 2 rows to evaluate (memllm_jax.eval.rows.ROWS keys)."""
     eval_batch: int = 8
@@ -98,12 +109,14 @@ def _atomic_text(path: pathlib.Path, text: str) -> None:
 
 
 _DEPENDS = {
-    "corpus": ("corpus", "synth_docs", "synth_seed", "labels", "eval_docs", "outside_docs"),
-    "tokenizer": ("vocab_size", "tokenizer_texts"),
-    "pretrain": ("base_model", "pretrain_config", "train_overrides"),
+    "corpus": ("corpus", "eval_corpus", "synth_docs", "synth_seed", "heldout_world", "labels", "eval_docs",
+               "outside_docs"),
+    "tokenizer": ("base_model", "vocab_size", "tokenizer_texts"),
+    "pretrain": ("pretrain_config", "train_overrides"),
     "mw": ("mw_config", "train_overrides"),
     "mr": ("mr_config", "train_overrides"),
     "memory": ("encoder",),
+    "diagnostics": ("diagnostic_examples",),
     "table2": ("rows", "eval_batch"),
     "editing": ("editing", "n_edits", "editing_regimes"),
     "scaling": ("scaling_sizes", "scaling_row", "growth_checkpoints"),
@@ -193,9 +206,13 @@ class Pipeline:
             from experiments.training import load_trained
 
             path = self.out / "train" / which
-            if which == "base":
-                path = pathlib.Path(self.cfg.base_model) if self.cfg.base_model else self.out / "train" / "pretrain"
-            model = load_trained(path)
+            if which == "base" and self.cfg.base_model:
+                from experiments.stages import _base_dir
+
+                path = pathlib.Path(_base_dir(self))
+            elif which == "base":
+                path = self.out / "train" / "pretrain"
+            model = load_trained(path, vocab_size=self.tokenizer().vocab_size)
             self._cache[which] = self._fit_context(model, which)
         return self._cache[which]
 
@@ -228,5 +245,6 @@ class Pipeline:
 
     # stages -------------------------------------------------------------------------------------------
 
-    from experiments.stages import (stage_corpus, stage_editing, stage_memory, stage_mr, stage_mw,  # noqa: E402
-                                    stage_pretrain, stage_report, stage_scaling, stage_table2, stage_tokenizer)
+    from experiments.stages import (stage_corpus, stage_diagnostics, stage_editing, stage_memory,  # noqa: E402
+                                    stage_mr, stage_mw, stage_pretrain, stage_report, stage_scaling, stage_table2,
+                                    stage_tokenizer)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import pathlib
 import random
 
 from experiments.pipeline import _atomic_json, _atomic_text
+from memllm_jax.errors import InputError, load_json
 
 
 def _write_json_array(path: pathlib.Path, docs: list) -> None:
@@ -29,18 +29,36 @@ def _documents(self, split: str):
     return load_documents(str(self.out / "data" / f"{split}.json"), _labels(self))
 
 
+def _load_corpus_file(path: str, field: str) -> list:
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: corpus file not found (PipelineConfig.{field})")
+    raw = load_json(path)
+    if not isinstance(raw, list):
+        raise InputError(f"{path}: expected a JSON array of DocRED-format documents (PipelineConfig.{field})")
+    return raw
+
+
 def stage_corpus(self):
     cfg, data = self.cfg, self.out / "data"
-    if cfg.corpus == "synthetic":
+    n_eval, n_out = cfg.eval_docs, cfg.outside_docs
+    if cfg.corpus == "synthetic" and cfg.heldout_world:
+        from data_gen.synthetic import heldout_split
+
+        train, heldout = heldout_split(cfg.synth_docs - n_eval - n_out, n_eval + n_out, seed=cfg.synth_seed)
+        raw = train + heldout
+    elif cfg.corpus == "synthetic":
         from data_gen.synthetic import iter_synthetic
 
         raw = list(iter_synthetic(cfg.synth_docs, seed=cfg.synth_seed))
     else:
-        path = pathlib.Path(cfg.corpus)
-        if not path.exists():
-            raise SystemExit(f"{path}: corpus file not found (PipelineConfig.corpus)")
-        raw = json.loads(path.read_text())
-    n_eval, n_out = cfg.eval_docs, cfg.outside_docs
+        raw = _load_corpus_file(cfg.corpus, "corpus")
+        if cfg.eval_corpus:  # a separate evaluation file: its last documents are the evaluation (and outside) ones
+            held = _load_corpus_file(cfg.eval_corpus, "eval_corpus")
+            if len(held) < n_eval + n_out:
+                raise InputError(f"{cfg.eval_corpus}: {len(held)} documents, fewer than eval_docs + outside_docs = "
+                                 f"{n_eval + n_out} (PipelineConfig.eval_corpus)")
+            raw = raw + held[len(held) - n_eval - n_out:]
     if len(raw) <= n_eval + n_out:
         raise SystemExit(f"corpus has {len(raw)} documents; eval_docs + outside_docs = {n_eval + n_out} leaves none to train on")
     split = {"train": raw[: len(raw) - n_eval - n_out], "outside": raw[len(raw) - n_eval - n_out: len(raw) - n_eval],
@@ -54,13 +72,29 @@ def stage_corpus(self):
     self.say(f"  building write / read / lm examples from {len(split['train'])} training documents")
     st_train = build_all(str(data / "train.json"), str(data / "train"), labels, kinds={"write", "read", "lm"})
     self.say(f"  building eval records for {len(split['eval'])} held-out documents")
-    build_all(str(data / "eval.json"), str(data / "eval"), labels, kinds={"eval"})
-    return {"documents": {k: len(v) for k, v in split.items()}, "train_stats": st_train.to_json()}
+    build_all(str(data / "eval.json"), str(data / "eval"), labels, kinds={"eval", "write", "read"})
+    from data_gen.overlap import heldout_overlap
+    from memllm_jax.eval.records import load_eval_docs
+
+    overlap = heldout_overlap(_documents(self, "train"), _documents(self, "eval"),
+                              [t for d in load_eval_docs(data / "eval" / "eval.jsonl") for r in d.reads for t in r.targets])
+    _atomic_json(self.out / "results" / "corpus.json", {"documents": {k: len(v) for k, v in split.items()},
+                                                       "heldout_world": cfg.corpus == "synthetic" and cfg.heldout_world,
+                                                       "overlap": overlap})
+    self.say(f"  evaluation facts stated in training documents: {overlap['triples_in_train']:.3f} of gold triples, "
+             f"{overlap['targets_in_train']:.3f} of TARGET mentions ({overlap['named_targets_in_train']:.3f} without dates)")
+    return {"documents": {k: len(v) for k, v in split.items()}, "train_stats": st_train.to_json(), "overlap": overlap}
 
 
 def stage_tokenizer(self):
-    from memllm_jax.tokenizer import train_tokenizer
+    from memllm_jax.tokenizer import load_tokenizer, train_tokenizer
     from memllm_jax.train.data import read_jsonl
+
+    if self.cfg.base_model:  # a pretrained base brings its own tokenizer (the API markers are added to it)
+        tok = load_tokenizer(_base_dir(self))
+        tok.save(self.out / "tokenizer")
+        self._cache.pop("tok", None)
+        return {"base_model": self.cfg.base_model, "vocab_size": tok.vocab_size}
 
     # with the API examples included, relation names and `>>` get their own tokens, which shortens the
     # memory-write / memory-read spans by about a third
@@ -80,8 +114,15 @@ def _train(self, section: str, module: str, data_file: str, init: str | None):
                         init=init, say=self.say)
 
 
+def _base_dir(self) -> str:
+    """The pretrained base as an HF directory (a GGUF file is converted once, into a cache directory)."""
+    from memllm_jax.model.gguf import resolve_model_dir
+
+    return str(resolve_model_dir(self.cfg.base_model))
+
+
 def _base(self) -> str:
-    return self.cfg.base_model or str(self.out / "train" / "pretrain")
+    return _base_dir(self) if self.cfg.base_model else str(self.out / "train" / "pretrain")
 
 
 def stage_pretrain(self):
@@ -136,6 +177,32 @@ def stage_memory(self):
     return info
 
 
+def stage_diagnostics(self):
+    """The adapters' skills on the held-out documents: field-split loss / accuracy of their API calls (the copy
+    probe: names reproduced exactly) and how many of the written names occur in the text they were written from."""
+    from memllm_jax.eval.diagnostics import field_losses, names_in_text
+    from memllm_jax.train.data import read_jsonl
+
+    tok, info = self.tokenizer(), {}
+    for which, kind in (("mw", "write"), ("mr", "read")):
+        records = [rec for _, rec in read_jsonl(str(self.out / "data" / "eval" / f"{kind}.jsonl"))]
+        info[which] = field_losses(self.model(which), tok, records, batch_size=self.cfg.eval_batch,
+                                   max_records=self.cfg.diagnostic_examples)
+        f = info[which]
+        self.say(f"  {which} on held-out {kind} calls: loss name {f['name']['loss']:.3f} / relation "
+                 f"{f['relation']['loss']:.3f} / markup {f['markup']['loss']:.3f} nats; names copied exactly "
+                 f"{f['name_exact']:.2f} of {f['names']}")
+    written = [n for rec in self.memory("mw_eval").records() for n in (rec["subject"], rec["object"])]
+    text = "\n".join(d.text for d in _documents(self, "eval"))
+    info["mw_names_in_eval_text"] = names_in_text(written, text)
+    memory = json.loads((self.out / "results" / "memory.json").read_text())
+    info["mw_against_gold"] = {k: memory["mw_eval"][k] for k in ("precision", "recall", "f1", "correct",
+                                                                  "written_unique", "gold_unique")}
+    _atomic_json(self.out / "results" / "diagnostics.json", info)
+    self.say(f"  mw: {info['mw_names_in_eval_text']['fraction']:.2f} of written names occur in the evaluation text")
+    return {}
+
+
 def stage_table2(self):
     from experiments.tables import plot_table2, table2_markdown
     from memllm_jax.eval.perplexity import evaluate_perplexity
@@ -174,7 +241,14 @@ def stage_editing(self):
     if self.cfg.editing == "synthetic":
         from data_gen.edits import synthetic_edits
 
-        records, shots, style = synthetic_edits([t for d in self.eval_docs() for t in d.doc.triples], self.cfg.n_edits), (), "cloze"
+        from data_gen.gold_memory import gold_triples
+
+        # facts of the held-out world: the evaluation documents' and the outside documents' (more edits)
+        triples = [t for d in self.eval_docs() for t in d.doc.triples]
+        triples += [t for d in _documents(self, "outside") for t in gold_triples(d)] if self.cfg.outside_docs else []
+        records, shots, style = synthetic_edits(triples, self.cfg.n_edits), (), "cloze"
+        if len(records) < self.cfg.n_edits:
+            self.say(f"  editing: {len(records)} synthetic edits (n_edits = {self.cfg.n_edits}; the held-out facts allow no more)")
     else:
         if not pathlib.Path(self.cfg.editing).exists():
             self.say(f"  editing: {self.cfg.editing} not found, skipped")
@@ -226,11 +300,22 @@ def stage_scaling(self):
 
 
 def stage_report(self):
+    from experiments.tables import diagnostics_markdown, read_diagnostics_markdown
+
     res = self.out / "results"
     parts = [f"# MemLLM ({self.cfg.name}) results", "", f"Output directory: `{self.out}`", ""]
+
+    def load(name):
+        return json.loads((res / name).read_text()) if (res / name).exists() else None
+
+    diag = diagnostics_markdown(load("corpus.json"), load("diagnostics.json"))
+    if diag:
+        parts += [diag, ""]
     for name in ("table2.md", *sorted(p.name for p in res.glob("table3*.md")), "scaling.md"):
         if (res / name).exists():
             parts += [(res / name).read_text(), ""]
+        if name == "table2.md" and load("table2.json"):
+            parts += [read_diagnostics_markdown(load("table2.json")), ""]
     for name in ("table2.png", "scaling.png"):
         if (res / name).exists():
             parts.append(f"![{name}]({name})")

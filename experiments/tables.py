@@ -46,6 +46,61 @@ def table3_markdown(results: Mapping[str, Mapping], title: str = "Table 3 analog
     return "\n".join(lines)
 
 
+def read_diagnostics_markdown(results: Mapping[str, Mapping]) -> str:
+    """Per Table 2 row that reads: reads issued, with results, with the target among the results, and (where
+    the model writes queries at gold positions) how often its query names the gold entity / relation."""
+    lines = ["**Memory-read diagnostics** — per row: reads, reads returning something, reads whose results contain "
+             "the target; at gold read positions with the model's own queries, the fraction whose query names the "
+             "gold entity / relation / equals a gold query", "",
+             "| row | reads | with results | target in results | gold positions | query entity | query relation | query exact |",
+             "|---|---|---|---|---|---|---|---|"]
+    for key, row in ROWS.items():
+        st = results.get(key, {}).get("stats", {})
+        if not st.get("reads"):
+            continue
+        n_gold = st.get("gold_position_reads", 0)
+
+        def frac(k):
+            return f"{st.get(k, 0) / n_gold:.2f}" if n_gold else "–"
+
+        lines.append(f"| {row.name} | {st['reads']} | {st.get('reads_with_results', 0)} | "
+                     f"{st.get('target_in_results', 0)} ({st.get('target_in_results', 0) / st['reads']:.0%}) | {n_gold} | "
+                     f"{frac('query_entity_correct')} | {frac('query_relation_correct')} | {frac('query_exact')} |")
+    return "\n".join(lines)
+
+
+def diagnostics_markdown(corpus: Mapping | None, diagnostics: Mapping | None) -> str:
+    """The held-out check and the adapters' skills (results/corpus.json, results/diagnostics.json)."""
+    lines: list[str] = []
+    if corpus and corpus.get("overlap"):
+        o = corpus["overlap"]
+        lines += ["**Held-out evaluation** — how much of the evaluation corpus the training documents already state", "",
+                  "| evaluation gold triples | of them in training documents | TARGET mentions | names in training text "
+                  "| same, dates and years excluded |", "|---|---|---|---|---|",
+                  f"| {o['eval_triples']} | {o['triples_in_train']:.3f} | {o['target_mentions']} | "
+                  f"{o['targets_in_train']:.3f} | {o['named_targets_in_train']:.3f} |", ""]
+    if diagnostics:
+        g = diagnostics.get("mw_against_gold", {})
+        if g:
+            lines += ["**Memory-write model against the gold triples** of the evaluation documents", "",
+                      "| written (unique) | gold | correct | precision | recall | F1 | written names found in the text |",
+                      "|---|---|---|---|---|---|---|",
+                      f"| {g['written_unique']} | {g['gold_unique']} | {g['correct']} | {g['precision']:.3f} | "
+                      f"{g['recall']:.3f} | {g['f1']:.3f} | "
+                      f"{diagnostics.get('mw_names_in_eval_text', {}).get('fraction', float('nan')):.3f} |", ""]
+        lines += ["**Copy probe** — teacher-forced, on the API calls of held-out write / read examples (names never "
+                  "seen in training): loss (nats/token) and top-1 accuracy by field, and names reproduced exactly", "",
+                  "| model | name loss | name acc. | relation loss | relation acc. | markup loss | names exact |",
+                  "|---|---|---|---|---|---|---|"]
+        for which in ("mw", "mr"):
+            f = diagnostics.get(which)
+            if f:
+                lines.append(f"| {which.upper()} | {f['name']['loss']:.3f} | {f['name']['accuracy']:.3f} | "
+                             f"{f['relation']['loss']:.3f} | {f['relation']['accuracy']:.3f} | {f['markup']['loss']:.3f} | "
+                             f"{f['name_exact']:.3f} ({f['names']}) |")
+    return "\n".join(lines)
+
+
 def scaling_markdown(points: Sequence[Mapping], growth: Sequence[Mapping]) -> str:
     lines = ["**Scaling the stored triples** — perplexity as distractor triples are added to the memory", "",
              "| distractors | stored triples | OVERALL | TARGET | ENTITY | reads with target in results |",

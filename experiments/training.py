@@ -20,9 +20,9 @@ def train_config(module: str, section: str, overrides: Sequence[str], **paths):
 
 
 def _init_path(init: str) -> str:
-    """An HF directory is used as it is; a pipeline training workdir gives its final `params/`."""
+    """An HF directory or a `.gguf` file is used as it is; a pipeline training workdir gives its final `params/`."""
     p = pathlib.Path(init)
-    return str(p) if (p / "config.json").exists() else str(p / "params")
+    return str(p) if (p / "config.json").exists() or p.suffix.lower() == ".gguf" else str(p / "params")
 
 
 def run_training(module: str, section: str, overrides: Sequence[str], *, train_data: str, tokenizer: str,
@@ -38,13 +38,19 @@ def run_training(module: str, section: str, overrides: Sequence[str], *, train_d
     return result if isinstance(result, dict) else {"result": str(result)}
 
 
-def load_trained(workdir: str | pathlib.Path):
-    """The model trained in `workdir` (its base merged with the adapter for LoRA runs)."""
-    workdir = pathlib.Path(workdir)
-    if (workdir / "config.json").exists():  # an HF directory (the Mistral-7B base)
+def load_trained(workdir: str | pathlib.Path, vocab_size: int | None = None):
+    """The model trained in `workdir` (its base merged with the adapter for LoRA runs). For an HF directory (a
+    pretrained base), `vocab_size` is the tokenizer's: rows for the added API markers are appended."""
+    from memllm_jax.model.gguf import resolve_model_dir
+
+    workdir = resolve_model_dir(workdir)  # a .gguf file: its converted HF directory
+    if (workdir / "config.json").exists():
+        import json
+
         from memllm_jax.model.hf import load_hf
 
-        return load_hf(workdir)[1]
+        hf_vocab = int(json.loads((workdir / "config.json").read_text())["vocab_size"])
+        return load_hf(workdir, extra_tokens=max(0, (vocab_size or hf_vocab) - hf_vocab))[1]
     from memllm_jax.train.loop import load_trained_model
 
     return load_trained_model(str(workdir))

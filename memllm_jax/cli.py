@@ -2,6 +2,10 @@
 so `memllm --help` never imports jax.
 
 A subcommand module defines `add_arguments(parser: argparse.ArgumentParser)` and `main(args) -> int | None`.
+
+Bad input fails like a CLI, for every command in one place (`_input_error`): one line
+`error: <file>: <record/field>: <what>` on stderr and exit status 2; `memllm --debug COMMAND ...` shows the
+traceback instead. See docs/errors.md.
 """
 
 from __future__ import annotations
@@ -25,21 +29,59 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+INPUT_ERROR_EXIT = 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memllm", description="MemLLM in JAX: an LLM with an explicit triple memory.")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an input error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
     return parser
 
 
+def _input_error(exc: BaseException) -> str | None:
+    """The one-line message of an error caused by bad input, or None for anything else (a bug: traceback)."""
+    import json
+
+    from memllm_jax.errors import InputError
+
+    if isinstance(exc, SystemExit):  # `raise SystemExit("message")` in a command: a refused input
+        return exc.code if isinstance(exc.code, str) else None
+    if isinstance(exc, InputError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.filename is not None:  # missing file, a directory, no permission
+        return f"{exc.filename}: {exc.strerror or exc}"
+    if isinstance(exc, FileNotFoundError):  # raised by a loader with a message naming the path
+        return str(exc)
+    if isinstance(exc, UnicodeDecodeError):  # a loader that did not name its file (see memllm_jax.errors)
+        return f"<unnamed input>: byte offset {exc.start}: not UTF-8 text ({exc.reason})"
+    if isinstance(exc, json.JSONDecodeError):
+        return f"<unnamed input>: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = bool(argv) and argv[0] == "--debug"
+    argv = argv[1:] if debug else argv
     if not argv or argv[0] not in COMMANDS:
         build_parser().parse_args(argv)  # prints help or the "invalid choice" error
         build_parser().print_help()
         return 0 if not argv else 2
-    name, rest = argv[0], argv[1:]
+    try:
+        return _run(argv[0], argv[1:])
+    except (Exception, SystemExit) as exc:
+        message = _input_error(exc)
+        if message is None or debug:
+            raise
+        message = " ".join(message.split())  # one line
+        print(message if message.startswith("error: ") else f"error: {message}", file=sys.stderr)
+        return INPUT_ERROR_EXIT
+
+
+def _run(name: str, rest: list[str]) -> int:
     module_name, help_text = COMMANDS[name]
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"memllm {name}", description=help_text)

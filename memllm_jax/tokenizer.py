@@ -18,6 +18,7 @@ import re
 from typing import Iterable, Sequence
 
 from memllm_jax import protocol
+from memllm_jax.errors import InputError
 
 BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
 
@@ -34,7 +35,7 @@ class Tokenizer:
         for m in protocol.MARKERS:
             i = backend.token_to_id(m)
             if i is None:
-                raise ValueError(f"{path}: tokenizer has no special token for marker {m!r}")
+                raise InputError(f"{path}: tokenizer has no special token for marker {m!r}")
             self.marker_id[m] = i
         self._skip = {bos_id, eos_id, pad_id}
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
@@ -85,7 +86,7 @@ def _check_no_marker_spelled(backend, path: str) -> None:
             continue
         surface = decoder.decode([tok]) if decoder is not None else tok
         if any(m in surface for m in protocol.MARKERS):
-            raise ValueError(f"{path}: vocabulary token {i} ({surface!r}) spells a memory-API marker")
+            raise InputError(f"{path}: vocabulary token {i} ({surface!r}) spells a memory-API marker")
 
 
 def _between_markers(texts: Iterable[str]) -> Iterable[str]:
@@ -132,10 +133,15 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.Pat
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Our trained BPE (a `tokenizer.json` file or its directory) or a Hugging Face tokenizer directory."""
+    """Our trained BPE (a `tokenizer.json` file or its directory), a Hugging Face tokenizer directory, or a
+    `.gguf` model file."""
     from tokenizers import Tokenizer as HFTok  # noqa: PLC0415
 
     p = pathlib.Path(path)
+    if str(p).lower().endswith(".gguf"):  # a llama.cpp file: its tokenizer, converted once (model.gguf)
+        from memllm_jax.model.gguf import resolve_model_dir  # noqa: PLC0415
+
+        p = resolve_model_dir(p)
     ours = p / "memllm_tokenizer.json" if p.is_dir() else p.parent / "memllm_tokenizer.json"
     if ours.exists():
         tj = p / "tokenizer.json" if p.is_dir() else p
@@ -146,14 +152,17 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     from transformers import AutoTokenizer  # noqa: PLC0415
 
     hf = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
-    missing = [m for m in protocol.MARKERS if m not in hf.get_vocab()]
+    # Every marker must be a special (added) token, matched before BPE: a base vocabulary may already spell one
+    # as an ordinary token (SmolLM2 has "})"), which BPE could otherwise merge with neighbouring characters.
+    added = {t.content for t in hf.added_tokens_decoder.values()}
+    missing = [m for m in protocol.MARKERS if m not in added]
     if missing:
         hf.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)
     backend = getattr(hf, "backend_tokenizer", None) or getattr(hf, "_tokenizer", None)
     if backend is None:
-        raise ValueError(f"{p}: only fast (tokenizer.json-backed) Hugging Face tokenizers are supported")
+        raise InputError(f"{p}: only fast (tokenizer.json-backed) Hugging Face tokenizers are supported")
     if hf.eos_token_id is None:
-        raise ValueError(f"{p}: tokenizer has no EOS token")
+        raise InputError(f"{p}: tokenizer has no EOS token")
     bos = hf.bos_token_id if hf.bos_token_id is not None else hf.eos_token_id
     pad = hf.pad_token_id if hf.pad_token_id is not None else hf.eos_token_id
     return Tokenizer(backend, bos_id=bos, eos_id=hf.eos_token_id, pad_id=pad, path=str(p), hf=hf)

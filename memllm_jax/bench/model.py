@@ -1,6 +1,7 @@
 """`memllm bench model`: forward-pass tokens/s and achieved FLOP/s of our decoder for the TINY and SMALL
-configs, next to HF transformers (torch) on the same config, weights and batch, and the machine's dense
-float32 matmul ceiling, all measured interleaved in the same run."""
+configs, next to HF transformers (torch) on the same config, weights and batch (measured interleaved in the
+same run), and the machine's dense matmul ceiling (`bench.ceiling`: best of sizes, jax and torch, the dtypes
+the model computes in)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--hf-attn", default="sdpa", choices=["sdpa", "eager"], help="HF attention implementation")
-    parser.add_argument("--matmul-size", type=int, default=1024, help="side of the square matmul for the ceiling")
+    parser.add_argument("--matmul-sizes", default="512,1024,2048", help="sides of the square matmuls for the ceiling")
 
 
 def forward_flops(cfg, batch: int, length: int) -> float:
@@ -35,25 +36,25 @@ def main(args: argparse.Namespace) -> int:
     import torch
     from flax import nnx
 
+    from memllm_jax.bench import ceiling as C
     from memllm_jax.bench.timing import interleaved, markdown_table, ratio_row
     from memllm_jax.config import PRESETS
     from memllm_jax.model.hf import load_hf
     from memllm_jax.model.testing import hf_mistral
 
     torch.set_grad_enabled(False)
-    n = args.matmul_size
-    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
-    matmul = jax.jit(lambda x: x @ x)
-
-    def run_matmul():
-        matmul(a).block_until_ready()
+    configs = {name: dataclasses.replace(PRESETS[name], sliding_window=None, max_seq_len=max(args.length, 8))
+               for name in args.configs.split(",")}
+    dtypes = sorted({d for cfg in configs.values() for d in (cfg.param_dtype, cfg.compute_dtype)})
+    ceil = C.measure(dtypes, [int(s) for s in args.matmul_sizes.split(",")])
+    ceiling = ceil.flops
 
     rows = []
     date = datetime.date.today().isoformat()
     print(f"memllm bench model  ({date}; jax {jax.__version__} on {jax.devices()[0].platform}, torch {torch.__version__}"
-          f" threads {torch.get_num_threads()}; batch {args.batch} x length {args.length}, float32)")
-    for name in args.configs.split(","):
-        cfg = dataclasses.replace(PRESETS[name], sliding_window=None, max_seq_len=max(args.length, 8))
+          f" threads {torch.get_num_threads()}; batch {args.batch} x length {args.length}, {'/'.join(dtypes)}; "
+          f"{ceil.describe()})")
+    for name, cfg in configs.items():
         hf = hf_mistral(cfg, seed=0)
         hf.config._attn_implementation = args.hf_attn
         with tempfile.TemporaryDirectory() as tmp:
@@ -77,9 +78,8 @@ def main(args: argparse.Namespace) -> int:
         ours_logits = np.asarray(forward(state, tokens_j, positions_j))
         peer_logits = hf(input_ids=tokens_t, position_ids=positions_t).logits.numpy()
         max_diff = float(np.abs(ours_logits - peer_logits).max())
-        t = interleaved({"ours": ours, f"hf-{args.hf_attn}": peer, "matmul": run_matmul}, repeats=args.repeats)
+        t = interleaved({"ours": ours, f"hf-{args.hf_attn}": peer}, repeats=args.repeats)
         flops = forward_flops(cfg, args.batch, args.length)
-        ceiling = 2 * n**3 / t["matmul"].median
         ntok = args.batch * args.length
         ours_t, peer_t = t["ours"], t[f"hf-{args.hf_attn}"]
         print(f"{name}: ours vs HF: {ratio_row(ours_t, peer_t)}; max|dlogits| {max_diff:.1e}")

@@ -24,7 +24,7 @@ HELP = __doc__.split("Commands:")[1]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, type=pathlib.Path, help="read model (HF-format directory)")
+    parser.add_argument("--model", required=True, type=pathlib.Path, help="read model (HF-format directory or FILE.gguf)")
     parser.add_argument("--write-model", type=pathlib.Path, help="write model (default: --model)")
     parser.add_argument("--tokenizer", type=pathlib.Path)
     parser.add_argument("--memory", required=True, type=pathlib.Path, help="memory directory (created if absent)")

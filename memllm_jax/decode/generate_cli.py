@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="*", help="prompt texts")
-    parser.add_argument("--model", required=True, type=pathlib.Path, help="HF-format model directory")
+    parser.add_argument("--model", required=True, type=pathlib.Path, help="HF-format model directory or FILE.gguf")
     parser.add_argument("--tokenizer", type=pathlib.Path, help="tokenizer (default: the model directory)")
     parser.add_argument("--memory", type=pathlib.Path, help="memory directory (default: no memory)")
     parser.add_argument("--prompts-file", type=pathlib.Path, help="one prompt per line")
@@ -42,20 +41,21 @@ def format_result(prompt: str, res, show_memory: bool) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from memllm_jax.decode.io import NoMemory, load_model, open_memory
-    from memllm_jax.decode.reader import generate_with_memory
-    from memllm_jax.decode.sampling import SamplingConfig
+    from memllm_jax.errors import InputError, read_text
 
     prompts = list(args.prompts)
     if args.prompts_file:
-        try:
-            prompts += [line.rstrip("\n") for line in args.prompts_file.read_text(encoding="utf-8").splitlines() if line.strip()]
-        except OSError as exc:
-            raise SystemExit(f"{args.prompts_file}: {exc.strerror}") from exc
+        prompts += [line for line in read_text(args.prompts_file).splitlines() if line.strip()]
+        if not prompts:
+            raise InputError(f"{args.prompts_file}: no prompts (every line is empty)")
     if not prompts:
-        print("memllm generate: give prompts or --prompts-file", file=sys.stderr)
-        return 2
+        raise InputError("memllm generate: give prompts or --prompts-file")
+    from memllm_jax.decode.io import NoMemory, load_model, open_memory
+
     model, tok = load_model(args.model, args.tokenizer)
+    from memllm_jax.decode.reader import generate_with_memory
+    from memllm_jax.decode.sampling import SamplingConfig
+
     memory = open_memory(args.memory, create=False) if args.memory else NoMemory()
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     results = generate_with_memory(model, tok, memory, prompts, args.max_new_tokens, sampling=sampling,

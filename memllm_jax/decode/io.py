@@ -9,31 +9,37 @@ from typing import Sequence
 
 def load_model(path: str | pathlib.Path, tokenizer: str | pathlib.Path | None = None):
     """`(model, tokenizer)` from an HF-format Mistral directory (as written by `memllm convert` /
-    `save_hf`; tokenizer from `tokenizer` or the same directory) or from a finished training run directory
-    (`train_config.json` + `params/`; LoRA merged; tokenizer from `tokenizer` or the run's config)."""
-    import json
+    `save_hf`; tokenizer from `tokenizer` or the same directory), a `.gguf` file (converted once to such a
+    directory) or from a finished training run directory (`train_config.json` + `params/`; LoRA merged;
+    tokenizer from `tokenizer` or the run's config)."""
+    from memllm_jax.errors import InputError, load_json
+    from memllm_jax.model.gguf import resolve_model_dir
 
+    path = resolve_model_dir(path)
+    run_config = path / "train_config.json"
+    if not run_config.exists() and not (path / "config.json").exists():  # before importing jax: fail fast
+        raise InputError(f"{path}: neither an HF-format model directory (config.json) nor a training run "
+                         f"(train_config.json)")
     from memllm_jax.model.hf import load_hf
     from memllm_jax.tokenizer import load_tokenizer
 
-    path = pathlib.Path(path)
-    if (path / "train_config.json").exists():
+    if run_config.exists():
         from memllm_jax.train.loop import load_trained_model
 
-        try:
-            tok_path = tokenizer or json.loads((path / "train_config.json").read_text(encoding="utf-8"))["tokenizer"]
-        except (json.JSONDecodeError, KeyError) as exc:
-            raise SystemExit(f"{path / 'train_config.json'}: field tokenizer: unreadable ({exc})") from exc
+        run = load_json(run_config)
+        tok_path = tokenizer or (run.get("tokenizer") if isinstance(run, dict) else None)
+        if not isinstance(tok_path, str) or not tok_path:
+            raise InputError(f"{run_config}: field tokenizer: missing (or pass --tokenizer)")
         model = load_trained_model(str(path))
         tok, cfg = load_tokenizer(tok_path), model.cfg
-    elif (path / "config.json").exists():
-        tok = load_tokenizer(tokenizer or path)
-        cfg, model = load_hf(path)
     else:
-        raise SystemExit(f"{path}: neither an HF-format model directory (config.json) nor a training run "
-                         f"(train_config.json)")
+        hf_cfg = load_json(path / "config.json")  # a damaged config names itself before the tokenizer reads it
+        tok = load_tokenizer(tokenizer or path)
+        # A base model's tokenizer gets the API markers added: append their rows (mean init), as training does.
+        hf_vocab = hf_cfg.get("vocab_size", tok.vocab_size) if isinstance(hf_cfg, dict) else tok.vocab_size
+        cfg, model = load_hf(path, extra_tokens=max(0, tok.vocab_size - int(hf_vocab)))
     if tok.vocab_size > cfg.vocab_size:
-        raise SystemExit(f"{tokenizer or path}: tokenizer has {tok.vocab_size} ids but the model only "
+        raise InputError(f"{tokenizer or path}: tokenizer has {tok.vocab_size} ids but the model only "
                          f"{cfg.vocab_size} (config.json field vocab_size)")
     return model, tok
 
@@ -48,7 +54,9 @@ def open_memory(directory: str | pathlib.Path, encoder: str = "minilm", create: 
     if (directory / "CURRENT").exists():
         return TripleMemory.open(directory, load_encoder(read_manifest(directory)["encoder"]))
     if not create:
-        raise SystemExit(f"{directory}: no memory there (create one with `memllm memory create`)")
+        from memllm_jax.errors import InputError
+
+        raise InputError(f"{directory}: no memory there (create one with `memllm memory create`)")
     return TripleMemory(load_encoder(encoder), MemoryConfig(encoder=encoder))
 
 

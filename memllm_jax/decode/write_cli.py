@@ -21,13 +21,14 @@ import re
 from typing import Iterator
 
 from memllm_jax.decode.writer import WriteDocument
+from memllm_jax.errors import InputError, read_text
 
 PROGRESS = "write_progress.json"
 _SENT_END = re.compile(r"(?<=[.!?])\s+")
 
 
-class CorpusError(ValueError):
-    pass
+class CorpusError(InputError):
+    """A corpus record or progress file the writer cannot use."""
 
 
 def _doc_from_record(rec, path: pathlib.Path, k: int) -> WriteDocument:
@@ -58,7 +59,7 @@ def _doc_from_record(rec, path: pathlib.Path, k: int) -> WriteDocument:
 
 def read_corpus(path: pathlib.Path) -> Iterator[WriteDocument]:
     try:
-        raw = path.read_text(encoding="utf-8")
+        raw = read_text(path)
     except OSError as exc:
         raise CorpusError(f"{path}: {exc.strerror}") from exc
     if path.suffix == ".txt":
@@ -89,7 +90,7 @@ def _atomic_json(path: pathlib.Path, obj) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, type=pathlib.Path, help="HF-format memory-write model directory")
+    parser.add_argument("--model", required=True, type=pathlib.Path, help="HF-format memory-write model directory (or FILE.gguf)")
     parser.add_argument("--tokenizer", type=pathlib.Path)
     parser.add_argument("--corpus", required=True, type=pathlib.Path)
     parser.add_argument("--memory", required=True, type=pathlib.Path, help="memory directory (created if absent)")

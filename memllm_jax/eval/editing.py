@@ -30,7 +30,6 @@ single (T = 1: a fresh memory holding only that record's edit for each record).
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import re
 import string
@@ -38,6 +37,7 @@ from typing import Any, Callable, Sequence
 
 from memllm_jax import protocol
 from memllm_jax.config import EDITING_MEMORY
+from memllm_jax.errors import InputError, load_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,21 +75,18 @@ def load_zsre(path: str | pathlib.Path, limit: int | None = None,
     edit (the shared 200-record file has two): it is skipped and its index appended to `skipped`. A missing
     or non-string field is an error naming the file, record and field."""
     path = pathlib.Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON: {exc}") from exc
+    data = load_json(path)
     if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a JSON list of ZsRE records")
+        raise InputError(f"{path}: expected a JSON list of ZsRE records, got {type(data).__name__}")
     out: list[EditRecord] = []
     for k, rec in enumerate(data):
         if limit and len(out) >= limit:
             break
         if not isinstance(rec, dict):
-            raise ValueError(f"{path}: record {k}: expected a JSON object")
+            raise InputError(f"{path}: record {k}: expected a JSON object")
         for field in ("src", "rephrase", "alt", "loc"):
             if not isinstance(rec.get(field), str) or (field != "alt" and not rec[field].strip()):
-                raise ValueError(f"{path}: record {k}: field {field!r} missing or not a non-empty string")
+                raise InputError(f"{path}: record {k}: field {field!r} missing or not a non-empty string")
         if not rec["alt"].strip():
             if skipped is not None:
                 skipped.append(k)

@@ -58,9 +58,29 @@ class _DocState:
     n_reads: int = 0
     n_nonempty: int = 0
     n_target_hit: int = 0
+    query_checks: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(QUERY_CHECKS, 0))
     active: bool = True
     forward: Any = None
     forward_shift: int = 0
+
+
+QUERY_CHECKS = ("gold_position_reads", "query_entity_correct", "query_relation_correct", "query_exact")
+"""Counted at gold read positions when the model writes the queries: reads there, and reads where one of the
+model's queries names a gold query's entity, its relation, or equals a gold query (case-insensitively)."""
+
+
+def _query_key(q: protocol.Query) -> tuple[str, str, str]:
+    return tuple(" ".join((x or "").split()).lower() for x in (q.subject, q.relation, q.object))  # type: ignore
+
+
+def check_queries(generated: Sequence[protocol.Query], gold: Sequence[protocol.Query]) -> dict[str, int]:
+    """One read's QUERY_CHECKS (1 / 0 each) for the model's `generated` queries against the `gold` ones."""
+    gen, ref = [_query_key(q) for q in generated], [_query_key(q) for q in gold]
+    entities = {s or o for s, _, o in ref}
+    return {"gold_position_reads": 1,
+            "query_entity_correct": int(any((s or o) in entities for s, _, o in gen)),
+            "query_relation_correct": int(any(r in {g[1] for g in ref} for _, r, _ in gen)),
+            "query_exact": int(any(g in ref for g in gen))}
 
 
 @dataclasses.dataclass
@@ -105,7 +125,7 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
         generator = GreedyGenerator(model, batch_size=batch_size, pad_id=tok.pad_id)
 
     states = []
-    plain = scorer.score([[tok.bos_id] + e.ids for e in docs])
+    plain = scorer.score([[tok.bos_id] + e.ids for e in docs], keep_kv=True)
     for e, f in zip(docs, plain):
         T = len(e.ids)
         states.append(_DocState(e, f.lp_next[:T].copy(), f.lp_mr[:T].copy(), np.zeros(T), np.zeros(T, bool),
@@ -132,7 +152,8 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
         need_gen = [r for r in reads if setting.queries == "model"]
         if need_gen:
             prefixes = [[tok.bos_id] + r.state.enc.ids[:r.pos] + [mr_id] for r in need_gen]
-            outs = generator.generate(prefixes, [read_end_id, tok.eos_id], setting.max_query_tokens)
+            kept = [(plain_by_id[id(r.state)].kv, 1 + r.pos) for r in need_gen] if scorer.keeps_kv else None
+            outs = generator.generate(prefixes, [read_end_id, tok.eos_id], setting.max_query_tokens, kept=kept)
             for r, out in zip(need_gen, outs):
                 if out and out[-1] == read_end_id:
                     parsed = protocol.parse_queries(tok.decode(out[:-1]))
@@ -158,6 +179,9 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
             r.state.n_reads += 1
             if targets and any(t in entities for t in targets):
                 r.state.n_target_hit += 1
+            if r.gold is not None and setting.queries == "model":
+                for key, value in check_queries(r.queries, r.gold.queries).items():
+                    r.state.query_checks[key] += value
             if entities and r.call_ids:
                 r.state.n_nonempty += 1
                 r.result_ids = list(tok.encode(protocol.format_read_result(entities)))
@@ -165,9 +189,14 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
                 r.call_ids, r.result_ids = [], []  # removed read: the text context alone
         # One forward per read (reads returning nothing reuse the plain forward).
         to_score = [r for r in reads if r.call_ids]
-        seqs = [[tok.bos_id] + r.state.enc.ids[:r.pos] + r.call_ids + r.result_ids + r.state.enc.ids[r.pos:r.end + 1]
-                for r in to_score]
-        scored = dict(zip(map(id, to_score), scorer.score(seqs))) if seqs else {}
+        # A read's context before it is the plain text (an earlier read is removed when a new one starts), so
+        # its continuation attends to the plain forward's keys / values of BOS + text[:pos].
+        conts = [r.call_ids + r.result_ids + r.state.enc.ids[r.pos:r.end + 1] for r in to_score]
+        if scorer.keeps_kv:
+            scores = scorer.score_continuations([(plain_by_id[id(r.state)], 1 + r.pos, c) for r, c in zip(to_score, conts)])
+        else:
+            scores = scorer.score([[tok.bos_id] + r.state.enc.ids[:r.pos] + c for r, c in zip(to_score, conts)])
+        scored = dict(zip(map(id, to_score), scores))
         for r in sorted(reads, key=lambda r: r.pos):
             s = r.state
             if id(r) in scored:
@@ -200,6 +229,7 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
              "reads_with_results": sum(s.n_nonempty for s in states),
              "target_in_results": sum(s.n_target_hit for s in states),
              "gold_reads": sum(len(s.enc.read_tokens) for s in states),
+             **{key: sum(s.query_checks[key] for s in states) for key in QUERY_CHECKS},
              "tokens": total.count.get("overall", 0)}
     return PerplexityResult(corpus_perplexities(nlls), total, stats, per_doc)
 

@@ -4,10 +4,12 @@ An `EvalDoc` is one document: its plain text, every entity mention span, the gol
 position of the read, gold queries, gold target entity and the target mention's span) and the document's
 gold triples. `load_eval_docs` reads the JSONL `kind: "eval"` records described in docs/data.md.
 
-Tokenization: the (escaped) text is split at the gold read positions and each piece is tokenized
-separately (as the memory-read training examples split pretext and posttext), so every row of Table 2
-scores exactly the same token sequence and gold reads fall on token boundaries. Mention spans are mapped
-to tokens through character offsets: a token belongs to a span when their character ranges overlap.
+Tokenization: the (escaped) text is tokenized once, as a whole, and every row of Table 2 scores exactly
+that token sequence (Baseline #1 sees the document's own tokenization); reads are inserted between its
+tokens, before the token that holds the read's character position (the space before the target name for
+tokenizers that attach spaces to words). Text is never re-tokenized in pieces split at a name, which with
+such tokenizers would leave a lone space token before the name and make it look unlikely. Mention spans are
+mapped to tokens through character offsets: a token belongs to a span when their character ranges overlap.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 
 from memllm_jax import protocol
 from memllm_jax.eval.mixture import char_spans_to_token_mask
+from memllm_jax.errors import InputError
 from memllm_jax.train.data import read_jsonl
 
 
@@ -49,7 +52,7 @@ def _query(obj: Any, where: str) -> protocol.Query:
     if isinstance(obj, str):
         parsed = protocol.parse_queries(obj)
         if not parsed.ok or len(parsed.items) != 1:
-            raise ValueError(f"{where}: cannot parse query {obj!r}: {parsed.errors}")
+            raise InputError(f"{where}: cannot parse query {obj!r}: {parsed.errors}")
         return parsed.items[0]
     if isinstance(obj, dict):
         return protocol.Query(obj.get("subject") or None, obj["relation"], obj.get("object") or None)
@@ -91,7 +94,7 @@ def doc_from_record(rec: dict, where: str = "record") -> EvalDoc:
         return EvalDoc(str(rec.get("doc", where)), text, tuple(_span(m) for m in mentions),
                        tuple(sorted(reads, key=lambda r: r.char_pos)), triples)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise ValueError(f"{where}: bad eval record field {field!r}: {exc!r}") from exc
+        raise InputError(f"{where}: bad eval record field {field!r}: {exc!r}") from exc
 
 
 def load_eval_docs(path: str | pathlib.Path, limit: int | None = None) -> list[EvalDoc]:
@@ -155,19 +158,18 @@ class EncodedDoc:
     """overall / target / entity boolean masks over the text tokens."""
 
 
+def token_at(offsets: Sequence[tuple[int, int]], char_pos: int) -> int:
+    """Index of the first token that ends after `char_pos` (the token holding it, or the next one); a read
+    there is inserted before that token. len(offsets) when the position is past the last token."""
+    for i, (_, end) in enumerate(offsets):
+        if end > char_pos:
+            return i
+    return len(offsets)
+
+
 def encode_document(tok: Any, doc: EvalDoc) -> EncodedDoc:
-    cuts = sorted({r.char_pos for r in doc.reads if 0 < r.char_pos < len(doc.text)})
-    bounds = [0, *cuts, len(doc.text)]
-    ids: list[int] = []
-    offsets: list[tuple[int, int]] = []
-    piece_start_token: dict[int, int] = {}
-    for a, b in zip(bounds, bounds[1:]):
-        piece_start_token[a] = len(ids)
-        p_ids, p_off = encode_with_offsets(tok, doc.text[a:b])
-        ids += p_ids
-        offsets += [(s + a, e + a) for s, e in p_off]
-    piece_start_token[len(doc.text)] = len(ids)
-    read_tokens = [piece_start_token.get(r.char_pos, 0 if r.char_pos <= 0 else len(ids)) for r in doc.reads]
+    ids, offsets = encode_with_offsets(tok, doc.text)
+    read_tokens = [token_at(offsets, r.char_pos) for r in doc.reads]
     masks = {
         "overall": np.ones(len(ids), bool),
         "target": char_spans_to_token_mask(offsets, [sp for r in doc.reads for sp in r.target_spans]),

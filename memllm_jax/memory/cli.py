@@ -19,7 +19,6 @@ import argparse
 import dataclasses
 import json
 import pathlib
-import sys
 
 from memllm_jax import protocol
 
@@ -85,54 +84,51 @@ def _triple(pattern: str) -> protocol.Triple:
 
 def main(args: argparse.Namespace) -> int:
     from memllm_jax.config import EDITING_MEMORY, MemoryConfig
-    from memllm_jax.memory import MemoryFileError, MemoryInputError, TripleMemory, load_encoder
+    from memllm_jax.memory import TripleMemory, load_encoder
 
-    try:
-        if args.action == "create":
-            if (args.dir / "CURRENT").exists():
-                raise SystemExit(f"{args.dir}: a memory already exists there")
-            TripleMemory(load_encoder(args.encoder), MemoryConfig(encoder=args.encoder)).save(args.dir)
-            print(f"created {args.dir}")
-            return 0
-        mem = _open(args.dir)
-        if args.action == "add":
-            ids = mem.add([_triple(t) for t in args.triples], source=args.source, replace=args.replace)
-            mem.save(args.dir)
-            print(json.dumps({"ids": ids}))
-        elif args.action == "import":
-            n = mem.import_jsonl(args.file, replace=args.replace)
-            mem.save(args.dir)
-            print(f"imported {n} triples; memory has {mem.stats()['triples']}")
-        elif args.action == "export":
-            print(f"exported {mem.export_jsonl(args.file)} triples to {args.file}")
-        elif args.action == "query":
-            cfg = EDITING_MEMORY if args.editing else mem.config
-            changes = {k: v for k, v in (("tau_entity", args.tau_e), ("tau_relation", args.tau_t),
-                                         ("tau_result", args.tau_r), ("q_thr", args.q_thr)) if v is not None}
-            cfg = dataclasses.replace(cfg, exact_match_priority=args.exact_first or cfg.exact_match_priority, **changes)
-            for pattern in args.patterns:
-                s, r, o = _split(pattern)
-                if r is not None and (s is None) != (o is None):
-                    res = mem.query([protocol.Query(s, r, o)], cfg)[0]
-                    print(json.dumps({"query": pattern, "entities": res.entities,
-                                      "scores": [round(x, 4) for x in res.scores], "too_large": res.too_large},
-                                     ensure_ascii=False))
-                else:
-                    hits = mem.match(s, r, o, cfg)
-                    print(json.dumps({"query": pattern, "triples": [[t.subject, t.relation, t.object, round(x, 4)]
-                                                                    for t, x in hits]}, ensure_ascii=False))
-        elif args.action == "delete":
-            n = mem.delete_triples([_triple(t) for t in args.triple])
-            n += sum(mem.delete_entity(e) for e in args.entity)
-            n += sum(mem.delete_relation(r) for r in args.relation)
-            mem.save(args.dir)
-            print(f"deleted {n} triples")
-        elif args.action == "stats":
-            print(json.dumps(mem.stats(), indent=1))
-        elif args.action == "show":
-            for t in mem.show(args.entity):
-                print(protocol.format_triple(t))
-    except (MemoryFileError, MemoryInputError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    # bad input (MemoryFileError, MemoryInputError) is reported by memllm_jax.cli: one line, exit 2
+    if args.action == "create":
+        if (args.dir / "CURRENT").exists():
+            raise SystemExit(f"{args.dir}: a memory already exists there")
+        TripleMemory(load_encoder(args.encoder), MemoryConfig(encoder=args.encoder)).save(args.dir)
+        print(f"created {args.dir}")
+        return 0
+    mem = _open(args.dir)
+    if args.action == "add":
+        ids = mem.add([_triple(t) for t in args.triples], source=args.source, replace=args.replace)
+        mem.save(args.dir)
+        print(json.dumps({"ids": ids}))
+    elif args.action == "import":
+        n = mem.import_jsonl(args.file, replace=args.replace)
+        mem.save(args.dir)
+        print(f"imported {n} triples; memory has {mem.stats()['triples']}")
+    elif args.action == "export":
+        print(f"exported {mem.export_jsonl(args.file)} triples to {args.file}")
+    elif args.action == "query":
+        cfg = EDITING_MEMORY if args.editing else mem.config
+        changes = {k: v for k, v in (("tau_entity", args.tau_e), ("tau_relation", args.tau_t),
+                                     ("tau_result", args.tau_r), ("q_thr", args.q_thr)) if v is not None}
+        cfg = dataclasses.replace(cfg, exact_match_priority=args.exact_first or cfg.exact_match_priority, **changes)
+        for pattern in args.patterns:
+            s, r, o = _split(pattern)
+            if r is not None and (s is None) != (o is None):
+                res = mem.query([protocol.Query(s, r, o)], cfg)[0]
+                print(json.dumps({"query": pattern, "entities": res.entities,
+                                  "scores": [round(x, 4) for x in res.scores], "too_large": res.too_large},
+                                 ensure_ascii=False))
+            else:
+                hits = mem.match(s, r, o, cfg)
+                print(json.dumps({"query": pattern, "triples": [[t.subject, t.relation, t.object, round(x, 4)]
+                                                                for t, x in hits]}, ensure_ascii=False))
+    elif args.action == "delete":
+        n = mem.delete_triples([_triple(t) for t in args.triple])
+        n += sum(mem.delete_entity(e) for e in args.entity)
+        n += sum(mem.delete_relation(r) for r in args.relation)
+        mem.save(args.dir)
+        print(f"deleted {n} triples")
+    elif args.action == "stats":
+        print(json.dumps(mem.stats(), indent=1))
+    elif args.action == "show":
+        for t in mem.show(args.entity):
+            print(protocol.format_triple(t))
     return 0

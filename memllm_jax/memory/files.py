@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from memllm_jax.errors import InputError, read_text
 from memllm_jax.protocol import Triple
 
 FORMAT_VERSION = 1
@@ -33,7 +34,7 @@ ARRAYS = ("entity_emb", "relation_emb", "triples")
 TABLES = ("entities.jsonl", "relations.jsonl", "sources.jsonl")
 
 
-class MemoryFileError(ValueError):
+class MemoryFileError(InputError):
     """A memory directory or JSONL file is damaged or inconsistent."""
 
 
@@ -147,7 +148,7 @@ def _read_jsonl(path: pathlib.Path):
     if not path.exists():
         raise MemoryFileError(f"{path}: file missing")
     out = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in enumerate(read_text(path).splitlines(), 1):
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError as exc:
@@ -240,31 +241,30 @@ def read_triples_jsonl(path: pathlib.Path, max_chars: int):
     if not path.exists():
         raise MemoryFileError(f"{path}: file missing")
     triples, sources, seqs = [], [], []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise MemoryFileError(f"{where}: invalid JSON: {exc}") from exc
-            if not isinstance(rec, dict):
-                raise MemoryFileError(f"{where}: expected a JSON object")
-            vals = []
-            for field in ("subject", "relation", "object"):
-                v = rec.get(field)
-                if not isinstance(v, str) or not v.strip():
-                    raise MemoryFileError(f"{where}: field {field!r} must be a non-empty string, got {v!r}")
-                if len(v.strip()) > max_chars:
-                    raise MemoryFileError(f"{where}: field {field!r} longer than {max_chars} characters")
-                vals.append(v.strip())
-            triples.append(Triple(*vals))
-            sources.append(str(rec.get("source", "import")))
-            seq = rec.get("seq")
-            if seqs is not None:
-                if isinstance(seq, int) and not isinstance(seq, bool):
-                    seqs.append(seq)
-                else:
-                    seqs = None
+    for lineno, line in enumerate(read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise MemoryFileError(f"{where}: invalid JSON: {exc}") from exc
+        if not isinstance(rec, dict):
+            raise MemoryFileError(f"{where}: expected a JSON object")
+        vals = []
+        for field in ("subject", "relation", "object"):
+            v = rec.get(field)
+            if not isinstance(v, str) or not v.strip():
+                raise MemoryFileError(f"{where}: field {field!r} must be a non-empty string, got {v!r}")
+            if len(v.strip()) > max_chars:
+                raise MemoryFileError(f"{where}: field {field!r} longer than {max_chars} characters")
+            vals.append(v.strip())
+        triples.append(Triple(*vals))
+        sources.append(str(rec.get("source", "import")))
+        seq = rec.get("seq")
+        if seqs is not None:
+            if isinstance(seq, int) and not isinstance(seq, bool):
+                seqs.append(seq)
+            else:
+                seqs = None
     return triples, sources, seqs

@@ -26,6 +26,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from memllm_jax.config import MemoryConfig
+from memllm_jax.errors import InputError
 from memllm_jax.memory.index import exact_cos, make_index
 from memllm_jax.memory.tables import NameTable, TripleTable
 from memllm_jax.protocol import Query, Triple
@@ -41,7 +42,7 @@ class QueryResult:
     """Number of matching entities before the q_thr cut."""
 
 
-class MemoryInputError(ValueError):
+class MemoryInputError(InputError):
     """Bad names or embeddings; raised before anything is written."""
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from flax import nnx
 
 from memllm_jax.config import LoraConfig, ModelConfig
+from memllm_jax.errors import InputError, load_json
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -89,16 +90,16 @@ def config_from_hf(hf: dict, where: str = "config.json", **overrides) -> ModelCo
 
     def need(key):
         if key not in hf:
-            raise ValueError(f"{where}: missing field {key!r}")
+            raise InputError(f"{where}: missing field {key!r}")
         return hf[key]
 
     if hf.get("model_type", "mistral") not in ("mistral", "llama"):
-        raise ValueError(f"{where}: field 'model_type' is {hf.get('model_type')!r}, expected 'mistral'")
+        raise InputError(f"{where}: field 'model_type' is {hf.get('model_type')!r}, expected 'mistral'")
     if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"{where}: field 'hidden_act' is {hf['hidden_act']!r}, only 'silu' is supported")
+        raise InputError(f"{where}: field 'hidden_act' is {hf['hidden_act']!r}, only 'silu' is supported")
     rope = hf.get("rope_parameters") or {}
     if rope.get("rope_type", "default") != "default" or hf.get("rope_scaling"):
-        raise ValueError(f"{where}: field 'rope_parameters'/'rope_scaling': only default RoPE is supported")
+        raise InputError(f"{where}: field 'rope_parameters'/'rope_scaling': only default RoPE is supported")
     heads = need("num_attention_heads")
     dtype = str(hf.get("dtype") or hf.get("torch_dtype") or "float32")
     cfg = ModelConfig(
@@ -160,7 +161,7 @@ class _Reader:
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
             except (ValueError, KeyError) as e:
-                raise ValueError(f"{index}: not a safetensors index (needs a 'weight_map' object): {e}") from None
+                raise InputError(f"{index}: not a safetensors index (needs a 'weight_map' object): {e}") from None
             for name, fname in weight_map.items():
                 path = directory / fname
                 if not path.exists():
@@ -226,10 +227,9 @@ def load_hf(
     config_path = directory / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"{config_path} does not exist")
-    try:
-        hf_cfg = json.loads(config_path.read_text())
-    except ValueError as e:
-        raise ValueError(f"{config_path}: invalid JSON: {e}") from None
+    hf_cfg = load_json(config_path)
+    if not isinstance(hf_cfg, dict):
+        raise InputError(f"{config_path}: expected a JSON object")
     cfg = config_from_hf(hf_cfg, str(config_path), **config_overrides)
     base_vocab = cfg.vocab_size
     cfg = dataclasses.replace(cfg, vocab_size=base_vocab + extra_tokens)
@@ -256,7 +256,7 @@ def load_hf(
         expected_hf = our_shape if n_in is None else (math.prod(our_shape[n_in:]), math.prod(our_shape[:n_in]))
         array = reader.get(entry.hf)
         if tuple(array.shape) != expected_hf:
-            raise ValueError(
+            raise InputError(
                 f"{reader.files[entry.hf]}: tensor {entry.hf!r} has shape {tuple(array.shape)}, "
                 f"but {config_path.name} implies {expected_hf}"
             )

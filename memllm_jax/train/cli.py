@@ -25,12 +25,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_config_module(spec: str):
     if spec.endswith(".py") or os.path.sep in spec:
         if not os.path.exists(spec):
-            raise SystemExit(f"config file {spec} does not exist")
+            raise SystemExit(f"{spec}: config file not found")
         mod_spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(spec))[0], spec)
         module = importlib.util.module_from_spec(mod_spec)
         mod_spec.loader.exec_module(module)  # type: ignore[union-attr]
         return module
-    return importlib.import_module(f"experiments.configs.{spec}")
+    try:
+        return importlib.import_module(f"experiments.configs.{spec}")
+    except ModuleNotFoundError as exc:
+        if exc.name not in (f"experiments.configs.{spec}", "experiments.configs", "experiments"):
+            raise  # the config imports something missing: a bug or an environment problem, not a bad name
+        raise SystemExit(f"{spec}: no such experiment config (experiments/configs/{spec}.py)") from exc
 
 
 def resolve_config(spec: str, assignments: list[str], point: str | None = None):

@@ -35,6 +35,8 @@ import numpy as np
 
 import grain
 
+from memllm_jax.errors import InputError, read_text
+
 
 class Tokenizer(Protocol):
     bos_id: int
@@ -58,33 +60,32 @@ class Example:
 
 
 def read_jsonl(path: str) -> list[tuple[str, dict]]:
-    """`[(where, record)]`; bad JSON raises a ValueError naming the file and line."""
+    """`[(where, record)]`; bad input raises an InputError naming the file and line (byte offset if not UTF-8)."""
     out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({exc.msg})") from exc
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
-            out.append((f"{path}:{lineno}", record))
+    for lineno, line in enumerate(read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{lineno}: invalid JSON: {exc.msg}: column {exc.colno}") from exc
+        if not isinstance(record, dict):
+            raise InputError(f"{path}:{lineno}: expected a JSON object, got {type(record).__name__}")
+        out.append((f"{path}:{lineno}", record))
     return out
 
 
 def _check_record(record: dict, where: str) -> list[dict]:
     segments = record.get("segments")
     if not isinstance(segments, list) or not segments:
-        raise ValueError(f"{where}: field 'segments' must be a non-empty list")
+        raise InputError(f"{where}: field 'segments' must be a non-empty list")
     for k, seg in enumerate(segments):
         if not isinstance(seg, dict) or not isinstance(seg.get("text"), str):
-            raise ValueError(f"{where}: segments[{k}].text must be a string")
+            raise InputError(f"{where}: segments[{k}].text must be a string")
         if not isinstance(seg.get("loss"), bool):
-            raise ValueError(f"{where}: segments[{k}].loss must be true or false")
+            raise InputError(f"{where}: segments[{k}].loss must be true or false")
     if not isinstance(record.get("eos", True), bool):
-        raise ValueError(f"{where}: field 'eos' must be true or false")
+        raise InputError(f"{where}: field 'eos' must be true or false")
     return segments
 
 
@@ -166,7 +167,7 @@ def load_corpus(paths: Sequence[str], tok: Tokenizer, seq_len: int, *, truncate:
     dropped = truncated = 0
     for path in paths:
         if not os.path.exists(path):
-            raise FileNotFoundError(f"training data file {path} does not exist")
+            raise InputError(f"{path}: training data file not found (TrainConfig.train_data)")
         for ex in tokenize_records(read_jsonl(path), tok):
             if truncate and len(ex.ids) > seq_len + 1:
                 cut = truncate_left(ex, seq_len + 1)
@@ -180,7 +181,7 @@ def load_corpus(paths: Sequence[str], tok: Tokenizer, seq_len: int, *, truncate:
                 continue
             examples.append(ex)
     if not examples:
-        raise ValueError(f"no usable training examples in {list(paths)} (dropped {dropped})")
+        raise InputError(f"{', '.join(map(str, paths))}: no usable training examples (dropped {dropped})")
     return Corpus(examples, dropped, truncated)
 
 

@@ -87,7 +87,14 @@ def _load_tokenizer(path: str):
 
 
 def _is_hf_dir(path: str) -> bool:
-    return os.path.exists(os.path.join(path, "config.json"))
+    """An HF model directory, or a `.gguf` file (converted to one by `_hf_dir`)."""
+    return str(path).lower().endswith(".gguf") or os.path.exists(os.path.join(path, "config.json"))
+
+
+def _hf_dir(path: str) -> str:
+    from memllm_jax.model.gguf import resolve_model_dir
+
+    return str(resolve_model_dir(path))
 
 
 HOST_INIT_MAX_BYTES = 1 << 30
@@ -121,6 +128,7 @@ def build_model(cfg: TrainConfig, mesh, vocab_size: int | None = None):
     if init and _is_hf_dir(init):
         from memllm_jax.model.hf import load_hf
 
+        init = _hf_dir(init)
         with open(os.path.join(init, "config.json")) as f:
             hf_vocab = int(json.load(f)["vocab_size"])
         extra = max(0, (vocab_size or hf_vocab) - hf_vocab)

@@ -1,0 +1,29 @@
+"""The paper's pipeline on real Wikipedia text with SmolLM2-135M as the base: Re-DocRED documents train the
+memory-write and memory-read adapters, held-out Re-DocRED documents are evaluated (Table 2, both baselines and
+rows ① - ⑨, ① = the memory written from the outside and evaluation documents, ③ = the evaluation documents
+only), and Table 3 runs on the ZsRE file. By default `../shared/data/redocred/test_revised.json` is split into
+training documents and the last 50 (evaluation) + 100 (outside) documents; with the real Re-DocRED files, pass
+`--set corpus=train_revised.json --set eval_corpus=test_revised.json`. Run:
+memllm run --config smollm2_redocred --out outputs/smollm2_redocred"""
+
+import pathlib
+
+from experiments.pipeline import PipelineConfig
+
+SHARED = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
+
+
+def get_config() -> PipelineConfig:
+    return PipelineConfig(name="smollm2_redocred", corpus=str(SHARED / "redocred" / "test_revised.json"),
+                          labels=str(SHARED / "docred" / "rel_info.json"), eval_docs=50, outside_docs=100,
+                          base_model="smollm2-135m", mw_config="mw_smollm2", mr_config="mr_smollm2",
+                          train_overrides=("mw.seq_len=512", "mr.seq_len=512", "mw.buckets=(256, 512)",
+                                           "mr.buckets=(256, 512)", "mw.steps=60", "mr.steps=60"),
+                          editing=str(SHARED / "zsre" / "zsre_dev200.json"), n_edits=198,
+                          scaling_sizes=(0, 1000, 10000), growth_checkpoints=(100, 1000, 3000, 10000),
+                          parallel_adapters=False)
+
+
+def sweep(add) -> None:
+    add("split_test")
+    add("eval100", "eval_docs=100")

@@ -1,0 +1,126 @@
+"""How busy the host is, before and during a benchmark: load averages and CPU busy / steal fractions.
+
+The machines are shared, so a figure measured while other processes run is not this code's speed. Every
+`memllm bench` samples the host first, refuses to start when it is busy (unless `--allow-load`), and prints
+the load before and after under its table, with the date, so a reader can judge the figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import sys
+import time
+
+BUSY_LOAD_PER_CORE = 0.5
+"""A 1-minute load average above this times the core count counts as busy."""
+BUSY_FRACTION = 0.20
+"""A busy fraction of all cores above this, from other processes during a 1 s sample, counts as busy."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuTimes:
+    """Cumulative jiffies of the `cpu` line of /proc/stat, and this process's own CPU seconds at that moment."""
+
+    busy: int
+    steal: int
+    total: int
+    own_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuShare:
+    """Fractions of all cores' time over an interval."""
+
+    busy: float
+    """Busy (user, nice, system, irq, softirq) in other processes: this process's own CPU time is subtracted."""
+    steal: float
+    """Stolen by the hypervisor for other guests."""
+
+
+def read_cpu_times(path: str = "/proc/stat") -> CpuTimes | None:
+    """None where /proc/stat does not exist or is unreadable (not Linux, a sandbox)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    t = os.times()
+    return CpuTimes(user + nice + system + irq + softirq, steal, user + nice + system + idle + iowait + irq + softirq + steal,
+                    t.user + t.system + t.children_user + t.children_system)
+
+
+def cpu_share(before: CpuTimes | None, after: CpuTimes | None) -> CpuShare | None:
+    if before is None or after is None or after.total <= before.total:
+        return None
+    total = after.total - before.total
+    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    own = (after.own_seconds - before.own_seconds) * hz
+    return CpuShare(max(0.0, (after.busy - before.busy - own) / total), (after.steal - before.steal) / total)
+
+
+def load_average() -> tuple[float, float, float] | None:
+    try:
+        return os.getloadavg()
+    except (OSError, AttributeError):
+        return None
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSample:
+    when: datetime.datetime
+    load: tuple[float, float, float] | None
+    """1, 5 and 15-minute load averages."""
+    share: CpuShare | None
+    """Busy / steal over a short sample (before the run) or over the whole run (after it)."""
+    cpu: CpuTimes | None
+    cores: int
+
+    def busy_reasons(self) -> list[str]:
+        reasons = []
+        if self.load is not None and self.load[0] > BUSY_LOAD_PER_CORE * self.cores:
+            reasons.append(f"1-minute load average {self.load[0]:.2f} > {BUSY_LOAD_PER_CORE} x {self.cores} cores")
+        if self.share is not None and self.share.busy > BUSY_FRACTION:
+            reasons.append(f"other processes kept {self.share.busy:.0%} of the CPU busy (> {BUSY_FRACTION:.0%})")
+        return reasons
+
+
+def sample(seconds: float = 1.0, since: HostSample | None = None) -> HostSample:
+    """Load averages now, and busy / steal fractions over `seconds` of sleep (or since an earlier sample)."""
+    if since is None:
+        start = read_cpu_times()
+        time.sleep(seconds)
+    else:
+        start = since.cpu
+    now = read_cpu_times()
+    return HostSample(datetime.datetime.now(datetime.timezone.utc), load_average(), cpu_share(start, now), now,
+                      os.cpu_count() or 1)
+
+
+def _load(s: HostSample) -> str:
+    return "n/a" if s.load is None else "/".join(f"{x:.2f}" for x in s.load)
+
+
+def _share(s: CpuShare | None) -> str:
+    return "n/a (no /proc/stat)" if s is None else f"others busy {s.busy:.0%}, steal {s.steal:.1%}"
+
+
+def host_line(before: HostSample, after: HostSample) -> str:
+    """`host: <date>, N cores; load 1/5/15 min a → b; before (1 s): ...; during the run: ...`."""
+    return (f"host: {before.when:%Y-%m-%d %H:%M} UTC, {before.cores} cores; load 1/5/15 min {_load(before)} → "
+            f"{_load(after)}; before (1 s sample): {_share(before.share)}; during the run: {_share(after.share)}")
+
+
+def check_idle(before: HostSample, allow_load: bool) -> bool:
+    """Warn loudly when the host is busy; True when the benchmark may run."""
+    reasons = before.busy_reasons()
+    if not reasons:
+        return True
+    bar = "!" * 78
+    print(f"{bar}\nWARNING: the host is busy: {'; '.join(reasons)}.\nTimings measured now mix in other "
+          f"processes' work.\n{bar}", file=sys.stderr)
+    return allow_load

@@ -1,0 +1,300 @@
+"""Bad input fails like a CLI: one line `error: <file>: ...` on stderr, exit 2, no traceback.
+
+Each case is one row of the table in docs/errors.md (same id); `test_docs_table_lists_every_case` keeps the
+two in step. Cases run `memllm_jax.cli.main` in-process; `test_subprocess_*` checks the real process once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from memllm_jax.cli import main
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _corpus(tmp: pathlib.Path, name: str = "c.json", docs: list | None = None) -> pathlib.Path:
+    from data_gen.synthetic import iter_synthetic
+
+    path = tmp / "in" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(list(iter_synthetic(3, seed=0)) if docs is None else docs))
+    return path
+
+
+def _docs() -> list[dict]:
+    from data_gen.synthetic import iter_synthetic
+
+    return list(iter_synthetic(3, seed=0))
+
+
+def _write_bytes(tmp: pathlib.Path, name: str, data: bytes) -> pathlib.Path:
+    path = tmp / "in" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+def _truncated(tmp: pathlib.Path, name: str = "c.json") -> pathlib.Path:
+    text = json.dumps(_docs())
+    return _write_bytes(tmp, name, text[: len(text) // 2].encode())
+
+
+def _not_utf8(tmp: pathlib.Path, name: str = "c.json") -> pathlib.Path:
+    data = json.dumps(_docs()).encode()
+    cut = data.index(b'"title"', 10) + 10  # inside the second document's title
+    return _write_bytes(tmp, name, data[:cut] + b"\xe9" + data[cut:])
+
+
+def _build(path, *extra):
+    return ["data", "build", "--input", str(path), "--out", str(path.parent.parent / "out"), *extra]
+
+
+# ------------------------------------------------------------------------------------------ the cases
+# id -> f(tmp, monkeypatch) returning (argv, text the one-line message must contain)
+
+
+def data_missing_input(tmp, mp):
+    return _build(tmp / "in" / "nope.json"), "nope.json: No such file or directory"
+
+
+def data_truncated(tmp, mp):
+    return _build(_truncated(tmp)), "c.json: element 1 (char"
+
+
+def data_not_utf8(tmp, mp):
+    p = _not_utf8(tmp)
+    offset = p.read_bytes().index(b"\xe9")
+    return _build(p), f"c.json: byte offset {offset}: not UTF-8 text"
+
+
+def data_no_vertexset(tmp, mp):
+    docs = _docs()
+    del docs[1]["vertexSet"]
+    return _build(_corpus(tmp, docs=docs)), "c.json: document 1 (title"
+
+
+def data_bad_mention_span(tmp, mp):
+    docs = _docs()
+    docs[2]["vertexSet"][0][0]["pos"] = [5, 3]
+    return _build(_corpus(tmp, docs=docs)), "field vertexSet[0][0].pos: [5, 3] is not a token span"
+
+
+def data_empty_corpus(tmp, mp):
+    return _build(_corpus(tmp, docs=[])), "c.json: no documents"
+
+
+def data_unknown_relations_no_labels(tmp, mp):
+    docs = _docs()
+    docs[0]["labels"][0]["r"] = "P9999"
+    return _build(_corpus(tmp, docs=docs)), "c.json: relation ids P9999 have no label here"
+
+
+def data_labels_docred_absent(tmp, mp):
+    import data_gen.cli
+
+    mp.setattr(data_gen.cli, "DEFAULT_REL_INFO", tmp / "shared" / "rel_info.json")
+    return _build(_corpus(tmp), "--labels", "docred"), "--labels docred: "
+
+
+def data_labels_truncated(tmp, mp):
+    labels = _write_bytes(tmp, "labels.json", b'{"P17": "coun')
+    return _build(_corpus(tmp), "--labels", str(labels)), "labels.json: invalid JSON: Unterminated string starting at: line 1 column 9"
+
+
+def data_jsonl_bad_line(tmp, mp):
+    lines = [json.dumps(d) for d in _docs()]
+    lines[1] = lines[1][:40]
+    return _build(_write_bytes(tmp, "c.jsonl", "\n".join(lines).encode())), "c.jsonl: line 2: invalid JSON: Expecting value: column 1"
+
+
+def data_synth_zero_docs(tmp, mp):
+    return ["data", "synth", "--out", str(tmp / "s.json"), "--docs", "0"], "--docs 0: "
+
+
+def data_filter_bad_answers(tmp, mp):
+    corpus = _corpus(tmp)
+    answers = _write_bytes(tmp, "answers.jsonl", b'{"completion": "yes"}\n[1, 2]\n')
+    return (["data", "filter", "--input", str(corpus), "--answers", str(answers)],
+            "answers.jsonl: record 2: expected an object")
+
+
+def train_missing_config(tmp, mp):
+    return ["train", "--config", str(tmp / "nope.py")], "nope.py: config file not found"
+
+
+def train_unknown_config_name(tmp, mp):
+    return ["train", "--config", "no_such_config"], "no_such_config: no such experiment config"
+
+
+def train_bad_override(tmp, mp):
+    return ["train", "--config", "mw_tiny", "--set", "nofield=1"], "override 'nofield': TrainConfig has no field"
+
+
+def train_data_not_utf8(tmp, mp):
+    from tests.train_fixtures import make_tokenizer
+
+    make_tokenizer(tmp / "tok")
+    data = _write_bytes(tmp, "write.jsonl", b'{"segments": [{"text": "a\xff", "loss": true}]}\n')
+    cfg = tmp / "cfg.py"
+    cfg.write_text("from memllm_jax.config import TINY\nfrom memllm_jax.train.config import TrainConfig\n"
+                   f"def get_config():\n    return TrainConfig(model=TINY, train_data=({str(data)!r},), "
+                   f"tokenizer={str(tmp / 'tok')!r}, workdir={str(tmp / 'run')!r}, steps=1, seq_len=32, global_batch=8)\n")
+    offset = data.read_bytes().index(b"\xff")
+    return ["train", "--config", str(cfg)], f"write.jsonl: byte offset {offset}: not UTF-8 text"
+
+
+def memory_not_a_memory(tmp, mp):
+    return ["memory", "stats", str(tmp / "nomem")], "nomem: not a memory directory"
+
+
+def memory_import_bad_field(tmp, mp):
+    assert main(["memory", "create", str(tmp / "mem"), "--encoder", "hash:8"]) == 0
+    bad = _write_bytes(tmp, "t.jsonl", b'{"subject": "Ann", "object": "Ulm"}\n')
+    return ["memory", "import", str(tmp / "mem"), str(bad)], "t.jsonl:1: field 'relation' must be a non-empty string"
+
+
+def memory_import_not_utf8(tmp, mp):
+    assert main(["memory", "create", str(tmp / "mem"), "--encoder", "hash:8"]) == 0
+    bad = _write_bytes(tmp, "t.jsonl", b'{"subject": "Ann\xff", "relation": "r", "object": "Ulm"}\n')
+    return ["memory", "import", str(tmp / "mem"), str(bad)], "t.jsonl: byte offset 16: not UTF-8 text"
+
+
+def generate_no_model(tmp, mp):
+    return ["generate", "--model", str(tmp / "nomodel"), "hi"], "nomodel: neither an HF-format model directory"
+
+
+def generate_prompts_not_utf8(tmp, mp):
+    prompts = _write_bytes(tmp, "prompts.txt", b"one\ntw\xffo\n")
+    return (["generate", "--model", str(tmp / "nomodel"), "--prompts-file", str(prompts)],
+            "prompts.txt: byte offset 6: not UTF-8 text")
+
+
+def generate_truncated_model_config(tmp, mp):
+    (tmp / "model").mkdir()
+    (tmp / "model" / "config.json").write_text('{"vocab_size": 64,')
+    return ["generate", "--model", str(tmp / "model"), "hi"], "config.json: invalid JSON: "
+
+
+def chat_no_model(tmp, mp):
+    return ["chat", "--model", str(tmp / "nomodel"), "--memory", str(tmp / "mem")], "nomodel: neither an HF-format"
+
+
+def eval_missing_config(tmp, mp):
+    return ["eval", "table2", "--out", str(tmp / "run"), "--config", str(tmp / "nope.py")], "nope.py: config file not found"
+
+
+def eval_zsre_truncated(tmp, mp):
+    zsre = _write_bytes(tmp, "zsre.json", b'[{"src": "Who is', )
+    return (["eval", "editing", "--out", str(tmp / "run"), "--set", f"editing={zsre}"],
+            "zsre.json: invalid JSON: Unterminated string starting at: line 1 column 10 (char 9); the file ends")
+
+
+def eval_zsre_missing_field(tmp, mp):
+    zsre = _write_bytes(tmp, "zsre.json", json.dumps([{"src": "Q?", "rephrase": "Q2?", "alt": "A"}]).encode())
+    return (["eval", "editing", "--out", str(tmp / "run"), "--set", f"editing={zsre}"],
+            "zsre.json: record 0: field 'loc' missing")
+
+
+def run_corpus_truncated(tmp, mp):
+    return (["run", "--out", str(tmp / "run"), "--set", f"corpus={_truncated(tmp)}", "--stage", "corpus"],
+            "c.json: invalid JSON: ")
+
+
+def run_corpus_missing(tmp, mp):
+    return (["run", "--out", str(tmp / "run"), "--set", f"corpus={tmp / 'nope.json'}", "--stage", "corpus"],
+            "nope.json: corpus file not found")
+
+
+def run_missing_config(tmp, mp):
+    return ["run", "--config", str(tmp / "nope.py"), "--out", str(tmp / "run")], "nope.py: config file not found"
+
+
+def bench_busy_host(tmp, mp):
+    import datetime
+
+    from memllm_jax.bench import host
+
+    busy = host.HostSample(datetime.datetime.now(datetime.timezone.utc), (9.0, 9.0, 9.0), host.CpuShare(0.9, 0.0),
+                           None, 2)
+    mp.setattr(host, "sample", lambda seconds=1.0, since=None: busy)
+    return ["bench", "decode"], "memllm bench decode: the host is busy"
+
+
+def convert_missing_source(tmp, mp):
+    return ["convert", "hf-to-orbax", str(tmp / "nohf"), str(tmp / "ckpt")], "nohf/config.json does not exist"
+
+
+def model_size_bad_mesh(tmp, mp):
+    return ["model-size", "--mesh", "1,x,1"], "--mesh '1,x,1': expected three positive integers"
+
+
+def model_size_unknown_preset(tmp, mp):
+    return ["model-size", "--preset", "huge"], "--preset 'huge': choose one of"
+
+
+CASES = {name.replace("_", "-"): fn for name, fn in list(globals().items())
+         if callable(fn) and name.split("_")[0] in ("data", "train", "memory", "generate", "chat", "eval", "run",
+                                                     "bench", "convert", "model") and fn.__module__ == __name__}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_one_line_and_exit_2(case, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv, expected = CASES[case](tmp_path, monkeypatch)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    last = err.rstrip("\n").split("\n")[-1]  # a bench's busy-host warning banner comes before the error line
+    assert last.startswith("error: ") and expected in last, err
+    assert "Traceback" not in err
+    if case != "bench-busy-host":
+        assert err.count("\n") == 1, err
+
+
+def test_a_failed_build_leaves_nothing_behind(tmp_path, capsys):
+    docs = _docs()
+    del docs[2]["sents"]  # the first two documents build, the third fails
+    corpus = _corpus(tmp_path, docs=docs)
+    assert main(_build(corpus)) == 2
+    assert "document 2" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "write.jsonl").write_text("old\n")
+    assert main(_build(corpus)) == 2
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["write.jsonl"]  # no temp files, old output intact
+    assert (tmp_path / "out" / "write.jsonl").read_text() == "old\n"
+
+
+def test_data_build_without_labels_uses_the_synthetic_table(tmp_path, capsys):
+    assert main(_build(_corpus(tmp_path), "--kinds", "eval")) == 0
+    assert (tmp_path / "out" / "eval.jsonl").exists()
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    with pytest.raises(ValueError, match="no documents"):
+        main(["--debug", *_build(_corpus(tmp_path, docs=[]))])
+
+
+def test_subprocess_exit_status_and_stderr(tmp_path):
+    corpus = _truncated(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, "-m", "memllm_jax.cli", *_build(corpus)], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and r.stdout == ""
+    assert re.fullmatch(r"error: \S*c\.json: element 1 \(char \d+\): invalid JSON: .*\(truncated\?\)\n", r.stderr), r.stderr
+    r = subprocess.run([sys.executable, "-m", "memllm_jax.cli", "--debug", *_build(corpus)], capture_output=True,
+                       text=True, env=env)
+    assert r.returncode == 1 and "Traceback" in r.stderr
+
+
+def test_docs_table_lists_every_case():
+    text = (ROOT / "docs" / "errors.md").read_text()
+    documented = re.findall(r"^\| `([a-z0-9-]+)` \|", text, flags=re.M)
+    assert sorted(documented) == sorted(CASES)
