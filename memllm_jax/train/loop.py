@@ -134,7 +134,8 @@ def build_model(cfg: TrainConfig, mesh, vocab_size: int | None = None):
         extra = max(0, (vocab_size or hf_vocab) - hf_vocab)
         _, model = load_hf(init, mesh, lora=lora, extra_tokens=extra, seed=cfg.seed,
                            param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype,
-                           remat=cfg.model.remat)
+                           remat=cfg.model.remat, remat_policy=cfg.model.remat_policy,
+                           scan_layers=cfg.model.scan_layers)
         return model
     if vocab_size is not None and vocab_size > cfg.model.vocab_size:
         raise ValueError(f"the tokenizer has {vocab_size} ids but TrainConfig.model.vocab_size={cfg.model.vocab_size}")
