@@ -103,7 +103,7 @@ def plan_train(cfg, lora, mesh, batch: int, seq_len: int, micro_batches: int = 1
     import jax.numpy as jnp
     from flax import nnx
 
-    from memllm_jax.sharding import abstract_model
+    from memllm_jax.sharding import abstract_model, state_shardings
     from memllm_jax.train import step as S
     from memllm_jax.train.config import TrainConfig
     from memllm_jax.train.optimizer import make_optimizer
@@ -115,7 +115,7 @@ def plan_train(cfg, lora, mesh, batch: int, seq_len: int, micro_batches: int = 1
     train_state = jax.eval_shape(lambda p, r: S.TrainState(jnp.zeros((), jnp.int32), p, tx.init(p), r),
                                  split.params, split.rngs)
     train_state = _abstract(train_state, shardings)
-    frozen = _abstract(split.frozen, S._var_shardings(split.frozen, mesh))
+    frozen = _abstract(split.frozen, state_shardings(split.frozen, mesh))
     shape = (micro_batches, batch // micro_batches, seq_len)
     dtypes = {"loss_mask": jnp.bool_, "attn_mask": jnp.bool_}
     sh = S.batch_shardings(mesh)
@@ -204,8 +204,6 @@ def main(args: argparse.Namespace) -> int:
     if args.batch % rows_per_step:
         raise SystemExit(f"--batch {args.batch} is not divisible by data*fsdp*micro-batches = {rows_per_step}")
     ensure_host_devices(math.prod(sizes))
-    import jax
-
     from memllm_jax.config import MeshConfig
     from memllm_jax.sharding import make_mesh
 
