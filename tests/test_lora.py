@@ -43,18 +43,20 @@ def test_fresh_lora_equals_base_and_base_tree_unchanged():
         np.testing.assert_array_equal(a[...], b[...])
     adapter_paths = [p for p, _ in nnx.to_flat_state(get_adapter(lora))]
     assert adapter_paths and all(any("lora" in str(k) for k in p) for p in adapter_paths)
-    # 7 targets per layer + lm_head, each with a and b.
-    assert len(adapter_paths) == 2 * (7 * CFG.n_layers + 1)
+    # 7 targets per layer (one stacked module for all layers when scanned) + lm_head, each with a and b.
+    assert len(adapter_paths) == 2 * (7 * (1 if CFG.scan_layers else CFG.n_layers) + 1)
 
 
-def test_scaling_matches_explicit_merged_kernel():
-    model = Mistral(CFG, LORA, rngs=nnx.Rngs(0))
+@pytest.mark.parametrize("scan", [False, True])
+def test_scaling_matches_explicit_merged_kernel(scan):
+    cfg = dataclasses.replace(CFG, scan_layers=scan)
+    model = Mistral(cfg, LORA, rngs=nnx.Rngs(0))
     _randomise_b(model, 1)
     before = fwd(model)
-    q = model.layers[0].attn.q
+    q = model.layers.attn.q if scan else model.layers[0].attn.q
     a, b = np.asarray(q.lora.a[...]), np.asarray(q.lora.b[...])
-    expected = np.asarray(q.kernel[...]) + (LORA.alpha / LORA.rank) * np.einsum("dr,rnh->dnh", a, b)
-    assert np.abs(before - fwd(Mistral(CFG, LORA, rngs=nnx.Rngs(0)))).max() > 1e-3
+    expected = np.asarray(q.kernel[...]) + (LORA.alpha / LORA.rank) * np.einsum("...dr,...rnh->...dnh", a, b)
+    assert np.abs(before - fwd(Mistral(cfg, LORA, rngs=nnx.Rngs(0)))).max() > 1e-3
     merge_lora(model)
     np.testing.assert_allclose(np.asarray(q.kernel[...]), expected, atol=1e-6)
     np.testing.assert_allclose(fwd(model), before, atol=1e-5)

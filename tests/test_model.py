@@ -11,18 +11,19 @@ from flax import nnx
 from memllm_jax.config import ModelConfig
 from memllm_jax.model.hf import load_hf
 from memllm_jax.model.mistral import KVCache, Mistral, init_cache
-from memllm_jax.model.testing import hf_logits, padded_batch, save_hf_mistral
+from memllm_jax.model.testing import hf_logits, layer_param, padded_batch, save_hf_mistral
 
 CFG = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
                   sliding_window=None, rope_theta=10000.0, max_seq_len=64)
 
 
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scan"])
 @pytest.mark.parametrize("window", [None, 5])
-def test_hf_parity_float32_with_padding(tmp_path, window):
+def test_hf_parity_float32_with_padding(tmp_path, window, scan):
     cfg = dataclasses.replace(CFG, sliding_window=window)
     hf = save_hf_mistral(cfg, tmp_path, seed=1)
-    loaded_cfg, model = load_hf(tmp_path)
-    assert loaded_cfg.sliding_window == window
+    loaded_cfg, model = load_hf(tmp_path, scan_layers=scan)
+    assert loaded_cfg.sliding_window == window and loaded_cfg.scan_layers == scan
     rng = np.random.default_rng(0)
     tokens, positions, mask = padded_batch(rng, cfg.vocab_size, 3, 16, left_pad=5, right_pad=4)
     ours, _ = fwd(model, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(mask))
@@ -108,7 +109,7 @@ def test_bfloat16_params_and_compute_close_to_float32():
     model32 = _model(CFG)
     cfg16 = dataclasses.replace(CFG, param_dtype="bfloat16", compute_dtype="bfloat16")
     model16 = _model(cfg16)
-    assert model16.layers[0].attn.q.kernel[...].dtype == jnp.bfloat16
+    assert layer_param(model16, 0, "attn", "q", "kernel").dtype == jnp.bfloat16
     tokens = jnp.asarray(np.random.default_rng(3).integers(0, 256, (2, 10)), jnp.int32)
     pos = jnp.broadcast_to(jnp.arange(10), (2, 10))
     l32, _ = fwd(model32, tokens, pos)

@@ -34,9 +34,9 @@ def test_make_mesh_sizes_and_errors():
         make_mesh(MeshConfig(data=-1, fsdp=-1, tensor=1))
 
 
-@pytest.fixture(scope="module")
-def reference():
-    model = Mistral(CFG, LORA, rngs=nnx.Rngs(0))
+@pytest.fixture(scope="module", params=[False, True], ids=["unrolled", "scan"])
+def reference(request):
+    model = Mistral(dataclasses.replace(CFG, scan_layers=request.param), LORA, rngs=nnx.Rngs(0))
     rng = np.random.default_rng(0)
     for _, state in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)):
         state[...] = jnp.asarray(0.1 * rng.standard_normal(state[...].shape), jnp.float32)
@@ -69,15 +69,18 @@ def test_sharded_forward_equals_single_device(reference, shape):
     flat = dict(nnx.to_flat_state(sharded))
     fsdp = "fsdp" if shape[1] > 1 else None
     tensor = "tensor" if shape[2] > 1 else None
+    scan = ("layers", "attn", "q", "kernel") in flat  # scanned: one stacked array, its layer axis replicated
+    layer = {i: ("layers",) if scan else ("layers", i) for i in (0, 1)}
+    row = (None,) if scan else ()
     expect = {
         ("embed",): P(tensor, fsdp),
-        ("layers", 0, "attn", "q", "kernel"): P(fsdp, tensor, None),
-        ("layers", 0, "attn", "k", "kernel"): P(fsdp, tensor, None),
-        ("layers", 0, "attn", "o", "kernel"): P(tensor, None, fsdp),
-        ("layers", 1, "mlp", "down", "kernel"): P(tensor, fsdp),
-        ("layers", 1, "mlp", "down", "lora", "a"): P(tensor, None),
-        ("layers", 1, "mlp", "down", "lora", "b"): P(None, fsdp),
-        ("layers", 1, "mlp_norm", "scale"): P(None),
+        (*layer[0], "attn", "q", "kernel"): P(*row, fsdp, tensor, None),
+        (*layer[0], "attn", "k", "kernel"): P(*row, fsdp, tensor, None),
+        (*layer[0], "attn", "o", "kernel"): P(*row, tensor, None, fsdp),
+        (*layer[1], "mlp", "down", "kernel"): P(*row, tensor, fsdp),
+        (*layer[1], "mlp", "down", "lora", "a"): P(*row, tensor, None),
+        (*layer[1], "mlp", "down", "lora", "b"): P(*row, None, fsdp),
+        (*layer[1], "mlp_norm", "scale"): P(*row, None),
         ("lm_head", "kernel"): P(fsdp, tensor),
     }
     for path, spec in expect.items():
@@ -88,9 +91,9 @@ def test_sharded_forward_equals_single_device(reference, shape):
 def test_create_sharded_model_abstract_init():
     mesh = make_mesh(MeshConfig(1, 4, 2))
     model = create_sharded_model(CFG, None, mesh, seed=0)
-    q = model.layers[1].attn.q.kernel[...]
-    assert q.sharding.spec == P("fsdp", "tensor", None)
-    assert len(q.addressable_shards) == 8 and q.addressable_shards[0].data.shape == (8, 2, 8)
+    q = model.layers.attn.q.kernel[...]
+    assert q.sharding.spec == P(None, "fsdp", "tensor", None)
+    assert len(q.addressable_shards) == 8 and q.addressable_shards[0].data.shape == (2, 8, 2, 8)
     assert float(jnp.std(q)) == pytest.approx(CFG.d_model**-0.5, rel=0.2)
     graphdef, abstract = abstract_model(CFG, None, mesh)
     assert abstract["embed"].sharding.spec == P("tensor", "fsdp")

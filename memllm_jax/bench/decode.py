@@ -65,7 +65,7 @@ def build(cfg_kwargs: dict, seed: int = 0):
     link(";", "Ada>>")
     model.embed[...] = jnp.asarray(emb)
     model.lm_head.kernel[...] = jnp.asarray(W)
-    for block in model.layers:
+    for block in [model.layers] if model.cfg.scan_layers else model.layers:  # scanned: all layers at once
         block.attn.o.kernel[...] = block.attn.o.kernel[...] * 0.05
         block.mlp.down.kernel[...] = block.mlp.down.kernel[...] * 0.05
     return model, tok

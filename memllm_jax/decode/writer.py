@@ -79,7 +79,7 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
 def write_loop(graphdef, params, s: st.WriteState, spec: WriteSpec) -> st.WriteState:
     model = merge(graphdef, params)
     s = jax.lax.while_loop(lambda s: jnp.any(s.status_B == st.RUNNING),
-                           lambda s: _write_step(model, spec, s), s.replace(cache=_layered(s.cache)))
+                           lambda s: _write_step(model, spec, s), s.replace(cache=_layered(s.cache, model)))
     return s.replace(cache=_stacked(s.cache))
 
 

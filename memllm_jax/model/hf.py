@@ -1,13 +1,15 @@
 """Hugging Face interop: load / save an HF Mistral directory, export a LoRA adapter in PEFT format.
 
-The mapping is data (`param_mapping`): our parameter path -> HF tensor name + the number of input axes of
-our kernel (HF linear weights are `[out, in]`; ours are `in_shape + out_shape`). Loading reads one tensor at
-a time from the safetensors file(s) and places it straight into its target sharding.
+The mapping is data (`param_mapping`): our parameter path (+ the row of its leading layer axis when the
+layers are scanned) -> HF tensor name + the number of input axes of our kernel (HF linear weights are
+`[out, in]`; ours are `in_shape + out_shape`). Loading reads one tensor at a time from the safetensors
+file(s) and places it straight into its target sharding (a scanned layer: into its row of the stacked array).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -36,22 +38,30 @@ class Entry:
     """HF tensor name."""
     n_in: int | None
     """Linear kernels: number of our input axes (the weight is transposed and reshaped); None: copied as is."""
+    layer: int | None = None
+    """Scanned layers (`ModelConfig.scan_layers`): the row of the leading layer axis of `ours` that this HF
+    tensor is; None: `ours` is the whole array."""
+
+
+def layer_path(cfg: ModelConfig, i: int) -> tuple[tuple, int | None]:
+    """`(path prefix, layer row)` of decoder layer i: `(("layers",), i)` scanned, `(("layers", i), None)` not."""
+    return (("layers",), i) if cfg.scan_layers else (("layers", i), None)
 
 
 def param_mapping(cfg: ModelConfig) -> list[Entry]:
     m = [Entry(("embed",), "model.embed_tokens.weight", None)]
     for i in range(cfg.n_layers):
-        p, h = ("layers", i), f"model.layers.{i}."
+        (p, row), h = layer_path(cfg, i), f"model.layers.{i}."
         m += [
-            Entry((*p, "attn_norm", "scale"), h + "input_layernorm.weight", None),
-            Entry((*p, "attn", "q", "kernel"), h + "self_attn.q_proj.weight", 1),
-            Entry((*p, "attn", "k", "kernel"), h + "self_attn.k_proj.weight", 1),
-            Entry((*p, "attn", "v", "kernel"), h + "self_attn.v_proj.weight", 1),
-            Entry((*p, "attn", "o", "kernel"), h + "self_attn.o_proj.weight", 2),
-            Entry((*p, "mlp_norm", "scale"), h + "post_attention_layernorm.weight", None),
-            Entry((*p, "mlp", "gate", "kernel"), h + "mlp.gate_proj.weight", 1),
-            Entry((*p, "mlp", "up", "kernel"), h + "mlp.up_proj.weight", 1),
-            Entry((*p, "mlp", "down", "kernel"), h + "mlp.down_proj.weight", 1),
+            Entry((*p, "attn_norm", "scale"), h + "input_layernorm.weight", None, row),
+            Entry((*p, "attn", "q", "kernel"), h + "self_attn.q_proj.weight", 1, row),
+            Entry((*p, "attn", "k", "kernel"), h + "self_attn.k_proj.weight", 1, row),
+            Entry((*p, "attn", "v", "kernel"), h + "self_attn.v_proj.weight", 1, row),
+            Entry((*p, "attn", "o", "kernel"), h + "self_attn.o_proj.weight", 2, row),
+            Entry((*p, "mlp_norm", "scale"), h + "post_attention_layernorm.weight", None, row),
+            Entry((*p, "mlp", "gate", "kernel"), h + "mlp.gate_proj.weight", 1, row),
+            Entry((*p, "mlp", "up", "kernel"), h + "mlp.up_proj.weight", 1, row),
+            Entry((*p, "mlp", "down", "kernel"), h + "mlp.down_proj.weight", 1, row),
         ]
     m.append(Entry(("final_norm", "scale"), "model.norm.weight", None))
     if not cfg.tie_embeddings:
@@ -178,6 +188,25 @@ def _get_path(tree, path):
     return tree
 
 
+@functools.partial(jax.jit, donate_argnums=0)
+def _set_row(stacked, row_array, i):
+    return jax.lax.dynamic_update_index_in_dim(stacked, row_array.astype(stacked.dtype), i, 0)
+
+
+def _place(state, sh, entry: Entry, array: np.ndarray) -> None:
+    """Put `array` into `state` at `entry.ours` (its row `entry.layer` of a stacked array, in place)."""
+    parent, key, sharding = _get_path(state, entry.ours[:-1]), entry.ours[-1], _get_path(sh, entry.ours)
+    if entry.layer is None:
+        parent[key] = jax.device_put(array, sharding)
+        return
+    if isinstance(parent[key], jax.ShapeDtypeStruct):  # the first row: allocate the stack in its sharding
+        shape, dtype = parent[key].shape, parent[key].dtype
+        parent[key] = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)()
+    from memllm_jax.sharding import row_sharding
+
+    parent[key] = _set_row(parent[key], jax.device_put(array, row_sharding(sharding)), entry.layer)
+
+
 def load_hf(
     directory: str | os.PathLike,
     mesh=None,
@@ -218,7 +247,7 @@ def load_hf(
     sh = nnx.to_pure_dict(shardings)
     for entry in param_mapping(cfg):
         target = _get_path(state, entry.ours)
-        our_shape = tuple(target.shape)
+        our_shape = tuple(target.shape)[int(entry.layer is not None):]
         if entry.ours == ("embed",):
             our_shape = (base_vocab, cfg.d_model)
         elif entry.ours == ("lm_head", "kernel"):
@@ -236,9 +265,7 @@ def load_hf(
             axis = 0 if entry.ours[0] == "embed" else 1
             mean = array.astype(np.float32).mean(axis=axis, keepdims=True).astype(array.dtype)
             array = np.concatenate([array, np.repeat(mean, extra_tokens, axis=axis)], axis=axis)
-        array = array.astype(target.dtype)
-        parent = _get_path(state, entry.ours[:-1])
-        parent[entry.ours[-1]] = jax.device_put(array, _get_path(sh, entry.ours))
+        _place(state, sh, entry, array.astype(target.dtype))
     # Everything not in the HF file (LoRA adapters, RNG state) is initialised fresh, into its sharding.
     for path, var in nnx.to_flat_state(abstract):
         value = _get_path(state, path)
@@ -271,15 +298,15 @@ def hf_tensors(model, *, merge_lora: bool = False):
 
     cfg = model.cfg
     state = nnx.to_pure_dict(nnx.state(model, BASE_PARAMS))
-    deltas = {}
-    if merge_lora:
-        for path, linear in lora_modules(model):
-            deltas[tuple(path) + ("kernel",)] = linear.lora.delta()
+    adapters = {tuple(path) + ("kernel",): linear.lora for path, linear in lora_modules(model)} if merge_lora else {}
     token_lora = getattr(model, "token_lora", None)
     for entry in param_mapping(cfg):
         value = _get_path(state, entry.ours)
-        if entry.ours in deltas:
-            value = (value.astype(jnp.float32) + deltas[entry.ours]).astype(value.dtype)
+        if entry.layer is not None:
+            value = value[entry.layer]
+        if entry.ours in adapters:
+            delta = adapters[entry.ours].delta(entry.layer)
+            value = (value.astype(jnp.float32) + delta).astype(value.dtype)
         if merge_lora and entry.ours == ("embed",) and token_lora is not None:
             value = token_lora.merged_embedding(value)
         yield entry.hf, to_hf(np.asarray(jax.device_get(value)), entry)
@@ -324,16 +351,20 @@ def save_peft_adapter(model, directory: str | os.PathLike, base_model_name_or_pa
     tensors = {}
     for path, linear in lora_modules(model):
         path = tuple(path)
+        a_all = np.asarray(jax.device_get(linear.lora.a[...]))
+        b_all = np.asarray(jax.device_get(linear.lora.b[...]))
         if path[0] == "lm_head":
-            prefix = "base_model.model.lm_head"
+            rows = [("base_model.model.lm_head", a_all, b_all)]
         else:
-            layer, block, name = path[1], path[2], path[3]
+            block, name = path[-2], path[-1]
             sub = "self_attn" if block == "attn" else "mlp"
-            prefix = f"base_model.model.model.layers.{layer}.{sub}.{PEFT_NAMES[name]}"
-        a = np.asarray(jax.device_get(linear.lora.a[...]))
-        b = np.asarray(jax.device_get(linear.lora.b[...]))
-        tensors[prefix + ".lora_A.weight"] = np.ascontiguousarray(a.reshape(-1, a.shape[-1]).T)
-        tensors[prefix + ".lora_B.weight"] = np.ascontiguousarray(b.reshape(b.shape[0], -1).T)
+            layers = range(model.cfg.n_layers) if model.cfg.scan_layers else [path[1]]
+            rows = [(f"base_model.model.model.layers.{i}.{sub}.{PEFT_NAMES[name]}",
+                     a_all[i] if model.cfg.scan_layers else a_all, b_all[i] if model.cfg.scan_layers else b_all)
+                    for i in layers]
+        for prefix, a, b in rows:
+            tensors[prefix + ".lora_A.weight"] = np.ascontiguousarray(a.reshape(-1, a.shape[-1]).T)
+            tensors[prefix + ".lora_B.weight"] = np.ascontiguousarray(b.reshape(b.shape[0], -1).T)
     token_lora = getattr(model, "token_lora", None)
     if token_lora is not None:
         # PEFT stores the full values of the trained rows, not a delta.

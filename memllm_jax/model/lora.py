@@ -68,11 +68,17 @@ class LoRA(nnx.Module):
         h = _contract(x, self.a[...].astype(x.dtype), self.n_in)
         return _contract(h, self.b[...].astype(x.dtype), 1) * jnp.asarray(self.scale, x.dtype)
 
-    def delta(self) -> jax.Array:
-        """(alpha / r) * A B in float32, shaped like the adapted kernel."""
+    def delta(self, layer: int | None = None) -> jax.Array:
+        """(alpha / r) * A B in float32, shaped like the adapted kernel. An adapter of scanned layers has a
+        leading layer axis: `layer` picks one row, else the deltas of all layers are returned stacked."""
         a = self.a[...].astype(jnp.float32)
         b = self.b[...].astype(jnp.float32)
-        return _contract(a, b, 1) * self.scale
+        if layer is not None:
+            a, b = a[layer], b[layer]
+        stacked = a.ndim - self.n_in - 1  # 1 when the layer axis is still there
+        if not stacked:
+            return _contract(a, b, 1) * self.scale
+        return jax.vmap(lambda a_l, b_l: _contract(a_l, b_l, 1))(a, b) * self.scale
 
 
 class TokenLoRA(nnx.Module):

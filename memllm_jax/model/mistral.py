@@ -46,8 +46,11 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int | None = None, dt
 
 def unstack_cache(cache: KVCache) -> KVCache:
     """The same cache with `k_LxBxSxKxH` / `v_LxBxSxKxH` as tuples of per-layer B x S x K x H arrays, which
-    the model also accepts (and returns in the same form). Decode loops carry this form: each layer then
-    attends to its own buffer with no per-step slice of the stacked array. `stack_cache` undoes it."""
+    the model also accepts (and returns in the same form). Decode loops carry this form for unrolled models:
+    each layer then attends to its own buffer with no per-step slice of the stacked array. A scanned model
+    given this form runs its blocks as a Python loop over static slices of its stacked parameters (as fast
+    as the unrolled model on CPU, but every layer's gathered weights are live at once, so decode loops keep
+    a scanned model's cache stacked). `stack_cache` undoes it."""
     if isinstance(cache.k_LxBxSxKxH, (tuple, list)):
         return cache
     L = cache.k_LxBxSxKxH.shape[0]
@@ -226,7 +229,61 @@ def _run_block(block, x, cos, sin, mask, cache_kv, write, deterministic):
     return block(x, cos, sin, mask, cache_kv, write, deterministic)
 
 
-_run_block_remat = nnx.remat(_run_block, static_argnums=(7,))
+def remat_policy(cfg: ModelConfig):
+    """`ModelConfig.remat_policy` as a `jax.checkpoint_policies` function."""
+    policy = getattr(jax.checkpoint_policies, cfg.remat_policy, None)
+    if policy is None or cfg.remat_policy.startswith("_"):
+        raise ValueError(f"ModelConfig.remat_policy={cfg.remat_policy!r} is not a name in jax.checkpoint_policies")
+    return policy
+
+
+LAYERS_AXIS = "layers"
+"""Logical name of the leading axis of scanned (stacked) layer parameters; replicated by the sharding rules."""
+
+
+def stack_blocks(blocks: Sequence[Block]) -> Block:
+    """One Block whose every variable has a leading layer axis, row i taken from `blocks[i]` (so a seed gives
+    the same weights whether the layers are scanned or not)."""
+    graphdef = nnx.graphdef(blocks[0])
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(b) for b in blocks])
+    for _, var in nnx.to_flat_state(stacked):
+        logical = var.get_metadata().get("logical_axes")
+        if logical is not None:
+            var.set_metadata("logical_axes", (LAYERS_AXIS, *logical))
+    return nnx.merge(graphdef, stacked)
+
+
+def unstack_blocks(stack: Block, n_layers: int) -> list[Block]:
+    """The inverse of `stack_blocks`: one Block per row (their variables are static slices of the stack)."""
+    graphdef, state = nnx.split(stack)
+    return [nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state)) for i in range(n_layers)]
+
+
+def _scan_blocks(stack: Block, cfg: ModelConfig, x_BxLxD, cos, sin, mask_BxLxS, cache_kv, write_BxL, deterministic):
+    """Run the stacked blocks with `jax.lax.scan` (rematerialised by `cfg.remat_policy` when training).
+    `cache_kv` is None or the stacked `(k_LxBxSxKxH, v_LxBxSxKxH)`, carried whole and updated in place at the
+    scanned layer index. Returns `(x_BxLxD, (k, v) or None)`; the blocks' dropout counters are updated."""
+    graphdef, state = nnx.split(stack)
+
+    def block_fn(state_l, layer, x_BxLxD, kv):
+        block = nnx.merge(graphdef, state_l)
+        x_BxLxD, kv = block(x_BxLxD, cos, sin, mask_BxLxS, None if kv is None else (*kv, layer), write_BxL,
+                            deterministic)
+        return x_BxLxD, kv, nnx.state(block, nnx.RngState)
+
+    if cfg.remat and cache_kv is None:
+        block_fn = jax.checkpoint(block_fn, policy=remat_policy(cfg), prevent_cse=False)
+
+    def body(carry, xs):
+        x_BxLxD, kv = carry
+        x_BxLxD, new_kv, rng_state = block_fn(*xs, x_BxLxD, kv)
+        return (x_BxLxD, None if kv is None else new_kv), rng_state
+
+    layers = jnp.arange(cfg.n_layers, dtype=jnp.int32)
+    (x_BxLxD, cache_kv), rng_state = jax.lax.scan(body, (x_BxLxD, cache_kv), (state, layers))
+    if not deterministic:  # only dropout advances the counters; no tracers leak into a model closed over
+        nnx.update(stack, rng_state)
+    return x_BxLxD, cache_kv
 
 
 class Mistral(nnx.Module):
@@ -251,7 +308,9 @@ class Mistral(nnx.Module):
         if bad:
             raise ValueError(f"LoraConfig.trainable_tokens: ids {bad} are outside the vocabulary (0..{cfg.vocab_size - 1})")
         self.token_lora = TokenLoRA(trainable, cfg.d_model, param_dtype=dtype) if trainable else None
-        self.layers = nnx.List([Block(cfg, lora, rngs=rngs, lora_rngs=lora_rngs) for _ in range(cfg.n_layers)])
+        blocks = [Block(cfg, lora, rngs=rngs, lora_rngs=lora_rngs) for _ in range(cfg.n_layers)]
+        # Scanned: one Block whose variables are stacked on a leading layer axis; else a list of Blocks.
+        self.layers = stack_blocks(blocks) if cfg.scan_layers else nnx.List(blocks)
         self.final_norm = RMSNorm(cfg)
         if cfg.tie_embeddings:
             self.lm_head = None
@@ -302,12 +361,40 @@ class Mistral(nnx.Module):
                 raise ValueError("segment_ids_BxL (packed examples) is for cache-free forwards only")
             mask_BxLxS &= segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
 
-        run = _run_block_remat if cfg.remat and cache is None else _run_block
         layered = cache is not None and isinstance(cache.k_LxBxSxKxH, (tuple, list))
+        if cfg.scan_layers and not layered:  # training, prefill, one-shot forwards
+            kv = None if cache is None else (cache.k_LxBxSxKxH, cache.v_LxBxSxKxH)
+            x_BxLxD, kv = _scan_blocks(self.layers, cfg, x_BxLxD, cos, sin, mask_BxLxS, kv, write_BxL, deterministic)
+            k_all, v_all = (None, None) if kv is None else kv
+        else:
+            x_BxLxD, k_all, v_all = self._loop_blocks(x_BxLxD, cos, sin, mask_BxLxS, cache, write_BxL, deterministic)
+        x_BxLxD = self.final_norm(x_BxLxD)
+        if self.lm_head is None:
+            # Tied head: trained token rows (e.g. the API markers) must score as they embed, as after merge_lora.
+            embed_VxD = self.embed[...] if self.token_lora is None else self.token_lora.merged_embedding(self.embed[...])
+            logits = jnp.einsum("BLD,VD->BLV", x_BxLxD, embed_VxD.astype(compute), preferred_element_type=jnp.float32)
+        else:
+            logits = self.lm_head(x_BxLxD, deterministic, out_dtype=jnp.float32)
+        logits_BxLxV = constrain(logits.astype(jnp.float32), ("batch", "seq", "vocab"))
+        if cache is not None:
+            cache = KVCache(k_all, v_all, new_lengths_B)
+        return logits_BxLxV, cache
+
+    def _loop_blocks(self, x_BxLxD, cos, sin, mask_BxLxS, cache, write_BxL, deterministic):
+        """The unrolled form: a Python loop over the blocks (static slices of scanned ones). Returns
+        `(x_BxLxD, k, v)`, the cache arrays in the form given (stacked or per-layer tuples; None without one)."""
+        cfg = self.cfg
+        if cfg.remat and cache is None:
+            run = nnx.remat(_run_block, static_argnums=(7,), policy=remat_policy(cfg))
+        else:
+            run = _run_block
+        layered = cache is not None and isinstance(cache.k_LxBxSxKxH, (tuple, list))
+        k_all = v_all = None
         if cache is not None:
             k_all, v_all = cache.k_LxBxSxKxH, cache.v_LxBxSxKxH
             new_k, new_v = list(k_all) if layered else None, list(v_all) if layered else None
-        for i, block in enumerate(self.layers):
+        blocks = unstack_blocks(self.layers, cfg.n_layers) if cfg.scan_layers else self.layers
+        for i, block in enumerate(blocks):
             if cache is None:
                 cache_kv = None
             elif layered:
@@ -319,17 +406,9 @@ class Mistral(nnx.Module):
                 new_k[i], new_v[i] = k, v
             elif cache is not None:
                 k_all, v_all = k, v
-        x_BxLxD = self.final_norm(x_BxLxD)
-        if self.lm_head is None:
-            # Tied head: trained token rows (e.g. the API markers) must score as they embed, as after merge_lora.
-            embed_VxD = self.embed[...] if self.token_lora is None else self.token_lora.merged_embedding(self.embed[...])
-            logits = jnp.einsum("BLD,VD->BLV", x_BxLxD, embed_VxD.astype(compute), preferred_element_type=jnp.float32)
-        else:
-            logits = self.lm_head(x_BxLxD, deterministic, out_dtype=jnp.float32)
-        logits_BxLxV = constrain(logits.astype(jnp.float32), ("batch", "seq", "vocab"))
-        if cache is not None:
-            if layered:
-                k_all, v_all = tuple(new_k), tuple(new_v)
-            cache = KVCache(k_all, v_all, new_lengths_B)
-        return logits_BxLxV, cache
+        if layered:
+            k_all, v_all = tuple(new_k), tuple(new_v)
+        if cfg.scan_layers and not deterministic:
+            nnx.update(self.layers, jax.tree.map(lambda *xs: jnp.stack(xs), *[nnx.state(b, nnx.RngState) for b in blocks]))
+        return x_BxLxD, k_all, v_all
 

@@ -68,3 +68,12 @@ def padded_batch(rng: np.random.Generator, vocab: int, batch: int, length: int, 
         mask[2, length - right_pad:] = False
     positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
     return tokens, positions, mask
+
+
+def layer_param(model, i: int, *path: str):
+    """The array of parameter `path` (e.g. "attn", "q", "kernel") of decoder layer i, scanned or not."""
+    node = model.layers if model.cfg.scan_layers else model.layers[i]
+    for name in path:
+        node = getattr(node, name)
+    value = node[...]
+    return value[i] if model.cfg.scan_layers else value

@@ -134,7 +134,8 @@ def build_model(cfg: TrainConfig, mesh, vocab_size: int | None = None):
         extra = max(0, (vocab_size or hf_vocab) - hf_vocab)
         _, model = load_hf(init, mesh, lora=lora, extra_tokens=extra, seed=cfg.seed,
                            param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype,
-                           remat=cfg.model.remat)
+                           remat=cfg.model.remat, remat_policy=cfg.model.remat_policy,
+                           scan_layers=cfg.model.scan_layers)
         return model
     if vocab_size is not None and vocab_size > cfg.model.vocab_size:
         raise ValueError(f"the tokenizer has {vocab_size} ids but TrainConfig.model.vocab_size={cfg.model.vocab_size}")
@@ -171,7 +172,7 @@ def _config_to_json(cfg: TrainConfig) -> dict:
 
 def config_from_json(d: dict) -> TrainConfig:
     d = dict(d)
-    d["model"] = ModelConfig(**d["model"])
+    d["model"] = ModelConfig(**{"scan_layers": False, **d["model"]})  # runs from before the field: unrolled
     d["lora"] = LoraConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d["lora"].items()}) if d.get("lora") else None
     d["mesh"] = MeshConfig(**d["mesh"])
     for k in ("train_data", "eval_data", "buckets"):
