@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= outputs/default
+CONFIG ?= default
 STAMP := $(VENV)/.installed
 
 .PHONY: install run test bench clean
@@ -20,7 +21,7 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/memllm run --out $(OUT)
+	$(BIN)/memllm run --config $(CONFIG) --out $(OUT)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -n 2 -q

@@ -14,7 +14,7 @@ def get_config() -> TrainConfig:
         name="mr_smollm2",
         train_data=("runs/default/data/train/read.jsonl",),
         workdir="runs/default/train/mr",
-        steps=32,
+        steps=64,
     )
 
 
