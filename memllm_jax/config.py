@@ -86,6 +86,17 @@ class MeshConfig:
     """Tensor (model) parallelism over heads and the MLP hidden dimension."""
 
 
+def parse_mesh(text: str) -> tuple[int, int, int]:
+    """The `data,fsdp,tensor` sizes of a `--mesh` option; a SystemExit naming the option otherwise."""
+    try:
+        sizes = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        sizes = ()
+    if len(sizes) != 3 or not all(s > 0 for s in sizes):
+        raise SystemExit(f"--mesh {text!r}: expected three positive integers data,fsdp,tensor")
+    return sizes  # type: ignore[return-value]
+
+
 MISTRAL_7B = ModelConfig()
 """Exactly Mistral-7B-v0.1."""
 

@@ -195,11 +195,9 @@ def model_configs(args: argparse.Namespace):
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        sizes = tuple(int(s) for s in args.mesh.split(","))
-        assert len(sizes) == 3 and all(s > 0 for s in sizes)
-    except (ValueError, AssertionError):
-        raise SystemExit(f"--mesh {args.mesh!r}: expected three positive integers data,fsdp,tensor")
+    from memllm_jax.config import parse_mesh
+
+    sizes = parse_mesh(args.mesh)
     rows_per_step = sizes[0] * sizes[1] * args.micro_batches
     if args.batch % rows_per_step:
         raise SystemExit(f"--batch {args.batch} is not divisible by data*fsdp*micro-batches = {rows_per_step}")

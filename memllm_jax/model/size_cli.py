@@ -15,11 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        sizes = tuple(int(s) for s in args.mesh.split(","))
-        assert len(sizes) == 3 and all(s > 0 for s in sizes)
-    except (ValueError, AssertionError):
-        raise SystemExit(f"--mesh {args.mesh!r}: expected three positive integers data,fsdp,tensor")
+    from memllm_jax.config import parse_mesh
+
+    sizes = parse_mesh(args.mesh)
     n_devices = sizes[0] * sizes[1] * sizes[2]
     # Abstract shapes only: fake as many host devices as the mesh needs (nothing is allocated).
     if "jax" not in __import__("sys").modules:
