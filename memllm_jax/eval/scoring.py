@@ -30,6 +30,8 @@ class SeqScores:
     lp_next: np.ndarray
     lp_mr: np.ndarray
     argmax: np.ndarray
+    kv: "PrefixKV | None" = None
+    """The sequence's keys / values when scored with `keep_kv` (else None)."""
 
 
 @dataclasses.dataclass
