@@ -14,7 +14,7 @@ def synthetic_edits(gold: Iterable[Triple], n: int, seed: int = 0) -> list[EditR
     """Cloze-style edit records from held-out gold `Triple`s (see memllm_jax/eval/editing.py): the question is the
     start of one of the corpus's sentences for the triple's relation, the rephrase the start of another one,
     the new answer another object seen with the same relation, the locality question the start of a
-    sentence about a different fact. Only relations with at least two sentence forms are edited."""
+    sentence about a fact of a subject no edit changes. Only relations with at least two sentence forms are edited."""
     forms = {rel: ts for rel, ts in cloze_templates().items() if len(ts) >= 2}
     triples = sorted({t for t in gold if t.relation in forms})
     rng = random.Random(seed)
@@ -22,17 +22,24 @@ def synthetic_edits(gold: Iterable[Triple], n: int, seed: int = 0) -> list[EditR
     by_rel: dict[str, list[str]] = {}
     for t in triples:
         by_rel.setdefault(t.relation, []).append(t.object)
-    records, used = [], set()
-    for k, t in enumerate(triples):
-        if len(records) >= n:
+    chosen: list[tuple] = []  # (triple, first form, second form, new object)
+    used: set[tuple[str, str]] = set()
+    for t in triples:
+        if len(chosen) >= n:
             break
         alts = sorted({o for o in by_rel[t.relation] if o != t.object})
         if not alts or (t.subject, t.relation) in used:
             continue
         used.add((t.subject, t.relation))
         first, second = rng.sample(forms[t.relation], 2)
-        alt = rng.choice(alts)
-        loc = triples[(k + len(triples) // 2) % len(triples)]
+        chosen.append((t, first, second, rng.choice(alts)))
+    # Locality questions ask about facts no edit touches: another subject's (subject, relation), so that after
+    # every edit is written the unedited answer is still the right one.
+    edited_subjects = {s for s, _ in used}
+    loc_pool = [t for t in triples if t.subject not in edited_subjects] or [t for t in triples if (t.subject, t.relation) not in used]
+    records = []
+    for k, (t, first, second, alt) in enumerate(chosen):
+        loc = loc_pool[(k * 7919) % len(loc_pool)] if loc_pool else t
         records.append(EditRecord(fill_cloze(first, t.subject), fill_cloze(second, t.subject), alt,
                                   fill_cloze(rng.choice(forms[loc.relation]), loc.subject), loc.object,
                                   statement=fill_cloze(first, t.subject, alt)))

@@ -138,6 +138,18 @@ def test_batch_rows_pause_independently_with_one_memory_call_per_round():
     assert len(mem.calls) == 1 and len(mem.calls[0]) == 2
 
 
+def test_each_row_reads_its_own_memory():
+    """One memory per prompt (e.g. one edit per question): the same query gets each row's own answer."""
+    mems = [FakeMemory({("x", "r", None): ["Paris"]}), FakeMemory({("x", "r", None): ["Rome"]}), FakeMemory({})]
+    scripts = ["({MEM_READ(x>>r>>)-->Paris})a", "({MEM_READ(x>>r>>)-->Rome})b", "({MEM_READ(x>>r>>)-->"]
+    res = run(_BatchScripts(scripts), mems, prompts=["0|", "1|", "2|"])
+    assert [r.calls[0].result for r in res] == [("Paris",), ("Rome",), ()]
+    assert [r.text for r in res[:2]] == ["({MEM_READ(x>>r>>)-->Paris})a", "({MEM_READ(x>>r>>)-->Rome})b"]
+    assert res[2].calls[0].removed and [len(m.calls) for m in mems] == [1, 1, 1]
+    with pytest.raises(ValueError, match="2 memories for 3 prompts"):
+        run(_BatchScripts(scripts), mems[:2], prompts=["0|", "1|", "2|"])
+
+
 def _BatchScripts(scripts):
     encoded = [TOK.encode(s) + [EOS] for s in scripts]
     digits = {TOK.encode(str(i))[0]: i for i in range(len(scripts))}

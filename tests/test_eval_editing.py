@@ -108,6 +108,12 @@ def test_synthetic_cloze_edits_come_from_the_corpus_templates():
     for r in records:
         assert r.statement.startswith(r.src) and r.statement == r.src + r.alt + "."
         assert r.src != r.rephrase and r.loc_ans and r.alt
+    # locality questions are about subjects that no edit changes
+    gold = [t for d in docs for t in gold_triples(d)]
+    subjects = sorted({t.subject for t in gold}, key=len, reverse=True)
+    subject_of = lambda text: next(s for s in subjects if text.startswith(s))  # noqa: E731
+    edited = {subject_of(r.src) for r in records}
+    assert edited and not {subject_of(r.loc) for r in records} & edited
 
 
 def test_answer_is_read_after_the_forced_call_that_opened_in_the_prompt():

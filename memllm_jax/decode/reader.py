@@ -123,6 +123,8 @@ class ReadController:
                  sampling: SamplingConfig = GREEDY, q_thr: int | None = None, seed: int = 0,
                  trace: bool = False):
         self.tok, self.memory = tokenizer, memory
+        self.row_memories: Sequence[Any] | None = None
+        """Set by `run(memories=...)`: one memory per row of the batch (e.g. one edit's memory per question)."""
         self.graphdef, self.params = split_model(model)
         self.vocab = vocab_size(model, tokenizer)
         ids = tokenizer.marker_id
@@ -140,8 +142,13 @@ class ReadController:
 
     # ------------------------------------------------------------------------------------------ public
 
-    def run(self, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, init_cache) -> list[GenerationResult]:
+    def run(self, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, init_cache,
+            memories: Sequence[Any] | None = None) -> list[GenerationResult]:
+        """`memories`: one memory per prompt answering that row's reads, instead of the shared `self.memory`."""
         B = len(prompt_ids)
+        if memories is not None and len(memories) != B:
+            raise ValueError(f"generate: {len(memories)} memories for {B} prompts")
+        self.row_memories = memories
         rows = [_Row(ctx=list(p), prompt_len=len(p), kinds=["p"] * len(p), trace=[] if self.trace else None)
                 for p in prompt_ids]
         for r in rows:
@@ -242,8 +249,10 @@ class ReadController:
                                            reason="truncated", complete=False))
                 status[b] = st.IDLE
         if pending:
-            flat = [q for _, _, qs in pending for q in qs]
-            results = _query_untrusted(self.memory, flat)
+            if self.row_memories is None:
+                results = _query_untrusted(self.memory, [q for _, _, qs in pending for q in qs])
+            else:
+                results = [res for b, _, qs in pending for res in _query_untrusted(self.row_memories[b], qs)]
             self.memory_calls += 1
             k = 0
             for b, call, qs in pending:
@@ -350,19 +359,24 @@ def generate_with_memory(model, tokenizer, memory, prompts: Sequence[str | Seque
 
     Text prompts are escaped (so they cannot trigger memory operations) and get a BOS; token-id prompts are
     used as they are. `force_read` opens a read call right after the prompt; `gold_queries` supplies the
-    queries of that call, answered before generation starts.
+    queries of that call, answered before generation starts. `memory` is one memory for every prompt, or a
+    sequence of memories, one per prompt (rows with different memories share the batch).
     """
     n = len(prompts)
+    per_row = isinstance(memory, (list, tuple))
+    if per_row and len(memory) != n:
+        raise ValueError(f"generate: {len(memory)} memories for {n} prompts")
     forced = [force_read] * n if isinstance(force_read, bool) else list(force_read)
     gold = list(gold_queries) if gold_queries is not None else [None] * n
     ids = [encode_prompt(tokenizer, p, force_read=f, gold_queries=g) for p, f, g in zip(prompts, forced, gold)]
     if max_len is None:
         need = max(len(x) for x in ids) + max_new_tokens + 64
         max_len = -(-need // 128) * 128
-    controller = ReadController(model, tokenizer, memory, max_len=max_len, chunk=chunk, sampling=sampling,
-                                q_thr=q_thr, seed=seed)
+    controller = ReadController(model, tokenizer, memory[0] if per_row and n else memory, max_len=max_len,
+                                chunk=chunk, sampling=sampling, q_thr=q_thr, seed=seed)
     make_cache = cache_factory(model)
     out: list[GenerationResult] = []
     for i in range(0, n, batch_size):
-        out += controller.run(ids[i : i + batch_size], max_new_tokens, make_cache)
+        out += controller.run(ids[i : i + batch_size], max_new_tokens, make_cache,
+                              memories=memory[i : i + batch_size] if per_row else None)
     return out

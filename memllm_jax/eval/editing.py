@@ -161,7 +161,7 @@ def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord], *, 
 def answer_questions(read_model: Any, tok: Any, memory: Any, questions: Sequence[str], shots: Sequence[Shot], *,
                      max_new_tokens: int = 24, batch_size: int = 16, style: str = "qa") -> list[str]:
     """Answers with a forced read: `style="qa"` asks `questions` in the 5-shot prompt; `"cloze"` continues
-    each question as a sentence start (no shots)."""
+    each question as a sentence start (no shots). `memory`: one memory, or one per question."""
     from memllm_jax.decode.reader import generate_with_memory
 
     if style not in ("qa", "cloze"):
@@ -242,16 +242,15 @@ def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, 
         say(f"  editing: T={len(records)} sequential edits written ({len(mem.triples)} triples); asking")
         out["sequential"] = _score(records, ask(mem, [r.src for r in records]), ask(mem, [r.rephrase for r in records]),
                                    ask(mem, [r.loc for r in records]), loc_base, edits, "sequential")
-    if "single" in regimes:
-        a_src, a_reph, a_loc = [], [], []
-        for k, (rec, triples) in enumerate(zip(records, edits)):
+    if "single" in regimes:  # one memory per record; its three questions share it, and batches mix records
+        memories = []
+        for k, triples in enumerate(edits):
             mem = TripleMemory(encoder, memory_config)
             if triples:
                 mem.add(triples, source=f"edit{k}", replace=True)
-            s, g, l = ask(mem, [rec.src, rec.rephrase, rec.loc])
-            a_src.append(s)
-            a_reph.append(g)
-            a_loc.append(l)
+            memories += [mem] * 3
+        answers = ask(memories, [q for rec in records for q in (rec.src, rec.rephrase, rec.loc)])
+        a_src, a_reph, a_loc = answers[0::3], answers[1::3], answers[2::3]
         say("  editing: T=1 done")
         out["single"] = _score(records, a_src, a_reph, a_loc, loc_base, edits, "single")
     return out

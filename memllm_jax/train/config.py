@@ -89,6 +89,10 @@ class TrainConfig:
     """Save the train state every this many steps (and at the end); 0 = only at the end."""
     keep_checkpoints: int = 2
     """Number of most recent train-state checkpoints kept."""
+    export_steps: tuple[int, ...] = ()
+    """Steps at which the trained parameters are also exported, to `<workdir>/params_step<N>` (a skill metric
+    measured along one run gives its learning curve, e.g. memory-write precision against steps)."""
+    """Number of most recent train-state checkpoints kept."""
     async_checkpoint: bool = True
     """Write checkpoints in the background while training continues."""
     resume: bool = True

@@ -175,7 +175,7 @@ def config_from_json(d: dict) -> TrainConfig:
     d["model"] = ModelConfig(**{"scan_layers": False, **d["model"]})  # runs from before the field: unrolled
     d["lora"] = LoraConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d["lora"].items()}) if d.get("lora") else None
     d["mesh"] = MeshConfig(**d["mesh"])
-    for k in ("train_data", "eval_data", "buckets"):
+    for k in ("train_data", "eval_data", "buckets", "export_steps"):
         d[k] = tuple(d.get(k) or ())
     return TrainConfig(**d)
 
@@ -302,6 +302,8 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
                     logger.log(done, last_eval, kind="eval")
             if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or (stop_after is not None and done >= stop_after):
                 ckpt.save(done, state, iterator.get_state())
+            if done in cfg.export_steps and done != total:
+                save_params(os.path.join(workdir, f"params_step{done}"), state.params)
             if stop_after is not None and done >= stop_after:
                 stopped = True
                 break
@@ -343,11 +345,12 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     return run(cfg).to_dict()
 
 
-def load_trained_model(workdir: str, *, mesh=None, merge: bool = True):
+def load_trained_model(workdir: str, *, mesh=None, merge: bool = True, params: str = "params"):
     """The model a finished run in `workdir` produced: the trained full model, or base + adapter.
 
     With `merge` (default) a LoRA run's adapter is folded into the base and a plain model (no adapter
-    modules) is returned; otherwise the model keeps its `lora` submodules with the trained adapter.
+    modules) is returned; otherwise the model keeps its `lora` submodules with the trained adapter. `params`:
+    the exported parameters to load (`params`, the final ones, or `params_step<N>`, see `export_steps`).
     """
     from flax import nnx
 
@@ -356,7 +359,7 @@ def load_trained_model(workdir: str, *, mesh=None, merge: bool = True):
 
     with open(os.path.join(workdir, "train_config.json")) as f:
         cfg = config_from_json(json.load(f))
-    params_dir = os.path.join(workdir, "params")
+    params_dir = os.path.join(workdir, params)
     if not os.path.isdir(params_dir):
         raise FileNotFoundError(f"{params_dir} does not exist (the run in {workdir} has not finished)")
     mesh = mesh if mesh is not None else make_mesh(MeshConfig(), jax.devices()[:1])
