@@ -66,6 +66,9 @@ class PipelineConfig:
     """`section.field=value` for the three training configs, e.g. ("pretrain.steps=200", "mr.lr=1e-3")."""
     encoder: str = "minilm"
     """Name encoder of every memory."""
+    write_late_stopping: bool = True
+    """Memory writes (the memory stage and the edits) decode with late stopping (paper Appendix A); False: the
+    call ends at the first `})` the model emits."""
     diagnostic_examples: int = 64
     """Held-out write and read examples on which the adapters' field-split losses (the copy probe) are measured."""
     rows: tuple[str, ...] = ("baseline1", "baseline2", "row3", "row4", "row5", "row6", "row7", "row8", "row9")
@@ -81,6 +84,10 @@ class PipelineConfig:
     """Edits (records) evaluated."""
     editing_regimes: tuple[str, ...] = ("sequential", "single")
     """"sequential" (all edits written, then asked) and/or "single" (T = 1)."""
+    editing_memory: str = "editing"
+    """Retrieval thresholds of the edited memory: "editing" (paper Appendix D: tau_e 0.85, tau_t 0.2, tau_r 0.6,
+    chosen for ZsRE questions whose relation words differ from the stored labels) or "lm" (Table 2's: tau_e =
+    tau_t = 0.7, tau_r = 0.85)."""
     scaling_sizes: tuple[int, ...] = (0, 100, 1000, 5000)
     """Distractor triples added to the gold evaluation memory for the scaling curve (empty = skip)."""
     scaling_row: str = "row7"
@@ -118,10 +125,10 @@ _DEPENDS = {
     "pretrain": ("pretrain_config", "train_overrides"),
     "mw": ("mw_config", "train_overrides"),
     "mr": ("mr_config", "train_overrides"),
-    "memory": ("encoder",),
+    "memory": ("encoder", "write_late_stopping"),
     "diagnostics": ("diagnostic_examples",),
     "table2": ("rows", "read_threshold", "eval_batch"),
-    "editing": ("editing", "n_edits", "editing_regimes"),
+    "editing": ("editing", "n_edits", "editing_regimes", "editing_memory"),
     "scaling": ("scaling_sizes", "scaling_row", "growth_checkpoints"),
     "report": (),
 }

@@ -160,16 +160,18 @@ def stage_memory(self):
         if finished:
             self.say(f"  memory write: {stats.documents} documents, {stats.sentences} sentences, {stats.triples} triples")
 
-    st = write_corpus(mw, tok, mem, eval_docs, on_batch=on_batch)
+    st = write_corpus(mw, tok, mem, eval_docs, on_batch=on_batch, late_stopping=self.cfg.write_late_stopping)
     mem.save(self.out / "memory" / "mw_eval")
     info["mw_eval"] = {"sentences": st.sentences, "triples": st.triples, "malformed": st.malformed,
                        "no_cut": st.no_cut, **{k: v for k, v in mem.stats().items() if isinstance(v, (int, float))},
                        **write_agreement(mem.records(), [t for d in eval_docs for t in gold_triples(d)])}
     if self.cfg.outside_docs:
         outside = _documents(self, "outside")
-        for name, docs in (("mw_outside_small", outside[: max(1, len(outside) // 4)]), ("mw_outside_large", outside)):
-            big = TripleMemory.open(self.out / "memory" / "mw_eval", enc)  # the outside corpus plus the evaluation one
-            write_corpus(mw, tok, big, docs)
+        quarter = max(1, len(outside) // 4)
+        big = TripleMemory.open(self.out / "memory" / "mw_eval", enc)  # the outside corpus plus the evaluation one
+        # row ② holds a quarter of the outside documents, row ① all of them: write the quarter, save, go on
+        for name, docs in (("mw_outside_small", outside[:quarter]), ("mw_outside_large", outside[quarter:])):
+            write_corpus(mw, tok, big, docs, late_stopping=self.cfg.write_late_stopping)
             big.save(self.out / "memory" / name)
             info[name] = big.stats()["triples"]
     _atomic_json(self.out / "results" / "memory.json", info)
@@ -264,8 +266,15 @@ def stage_editing(self):
         records, shots, style = load_zsre(self.cfg.editing, self.cfg.n_edits, skipped), ZSRE_SHOTS, "qa"
         if skipped:
             self.say(f"  editing: skipped records {skipped} of {self.cfg.editing}: empty edit target 'alt'")
+    from memllm_jax.config import EDITING_MEMORY, PAPER_MEMORY
+
+    memory_config = {"editing": EDITING_MEMORY, "lm": PAPER_MEMORY}.get(self.cfg.editing_memory)
+    if memory_config is None:
+        raise InputError(f"PipelineConfig.editing_memory must be 'editing' or 'lm', got {self.cfg.editing_memory!r}")
     res = evaluate_editing(self.model("mw"), self.model("mr"), self.tokenizer(), self.encoder(), records, shots=shots,
-                           regimes=self.cfg.editing_regimes, style=style, progress=self.say)
+                           memory_config=memory_config,
+                           regimes=self.cfg.editing_regimes, style=style, late_stopping=self.cfg.write_late_stopping,
+                           progress=self.say)
     out = {k: v.to_json() for k, v in res.items()}
     # a ZsRE file's results sit next to the synthetic analogue's: `table3_<file stem>.*`
     stem = "table3" if self.cfg.editing == "synthetic" else "table3_" + pathlib.Path(self.cfg.editing).stem

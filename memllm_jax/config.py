@@ -51,6 +51,10 @@ class ModelConfig:
     remat_policy: str = "nothing_saveable"
     """With `remat`: what a block keeps from its forward pass, by name in `jax.checkpoint_policies`
     ("nothing_saveable": only the block's input; "dots_with_no_batch_dims_saveable": also the matmul outputs)."""
+    attention: str = "einsum"
+    """Attention over several new tokens (training, prefill): "einsum" (the reference: grouped batched matmuls,
+    fastest on CPU), or `jax.nn.dot_product_attention` with implementation "xla", "cudnn" (cuDNN flash
+    attention on NVIDIA GPUs; bf16 / fp16 only) or "auto" (JAX picks). Decode steps keep their own path."""
     scan_layers: bool = True
     """Stack the blocks' parameters on a leading "layers" axis and run them with `jax.lax.scan`: one block is
     compiled (compile time independent of depth) and only one layer's gathered weights are live at a time.

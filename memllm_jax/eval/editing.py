@@ -144,8 +144,9 @@ def edit_sentence(rec: EditRecord) -> str:
 
 
 def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord], *, batch_size: int = 16,
-                  max_new_tokens: int = 64) -> list[list[protocol.Triple]]:
-    """Triples the memory-write model extracts from each edit sentence (late stopping, paper Appendix A)."""
+                  max_new_tokens: int = 64, late_stopping: bool = True) -> list[list[protocol.Triple]]:
+    """Triples the memory-write model extracts from each edit sentence (by default with late stopping, paper
+    Appendix A)."""
     from memllm_jax.decode.writer import decode_writes
 
     prompts = [[tok.bos_id] + tok.encode(protocol.format_write_prompt("", edit_sentence(r))
@@ -153,7 +154,7 @@ def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord], *, 
     out: list[list[protocol.Triple]] = []
     for i in range(0, len(prompts), batch_size):
         res = decode_writes(write_model, tok, prompts[i:i + batch_size], max_new_tokens=max_new_tokens,
-                            pad_to=batch_size)
+                            pad_to=batch_size, late_stopping=late_stopping)
         out += [list(protocol.parse_write_call(r["text"]).items) if r["cut"] >= 0 else [] for r in res]
     return out
 
@@ -221,13 +222,14 @@ def _score(records, ans_src, ans_reph, ans_loc, ans_loc_base, edits, regime) -> 
 def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, records: Sequence[EditRecord], *,
                      shots: Sequence[Shot] = ZSRE_SHOTS, regimes: Sequence[str] = ("sequential", "single"),
                      memory_config=EDITING_MEMORY, batch_size: int = 16, max_new_tokens: int = 24,
-                     style: str = "qa", progress: Callable[[str], None] | None = None) -> dict[str, EditingResult]:
+                     style: str = "qa", late_stopping: bool = True,
+                     progress: Callable[[str], None] | None = None) -> dict[str, EditingResult]:
     """REL / GEN / LOC after all edits written in sequence ("sequential") and with one edit at a time ("single")."""
     from memllm_jax.memory import TripleMemory
 
     say = progress or (lambda _m: None)
     say(f"  editing: writing {len(records)} edits with the memory-write model")
-    edits = extract_edits(write_model, tok, records, batch_size=batch_size)
+    edits = extract_edits(write_model, tok, records, batch_size=batch_size, late_stopping=late_stopping)
     ask = lambda mem, qs: answer_questions(read_model, tok, mem, qs, shots, max_new_tokens=max_new_tokens,  # noqa: E731
                                            batch_size=batch_size, style=style)
     empty = TripleMemory(encoder, memory_config)

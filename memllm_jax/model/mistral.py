@@ -126,12 +126,19 @@ def _targets(lora: LoraConfig | None, name: str) -> LoraConfig | None:
     return lora if lora is not None and name in lora.targets else None
 
 
+ATTENTION_IMPLEMENTATIONS = {"einsum": "einsum", "xla": "xla", "cudnn": "cudnn", "auto": None}
+"""`ModelConfig.attention` -> the `implementation` argument of `jax.nn.dot_product_attention` ("einsum": ours)."""
+
+
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, lora: LoraConfig | None, *, rngs: nnx.Rngs, lora_rngs: nnx.Rngs):
         D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         if N % K:
             raise ValueError(f"ModelConfig.n_heads={N} is not a multiple of ModelConfig.n_kv_heads={K}")
+        if cfg.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"ModelConfig.attention={cfg.attention!r}; expected one of {sorted(ATTENTION_IMPLEMENTATIONS)}")
         self.n_kv, self.group, self.head_dim = K, N // K, H
+        self.implementation = ATTENTION_IMPLEMENTATIONS[cfg.attention]
         out_std = 1.0 / math.sqrt(N * H) / math.sqrt(2 * cfg.n_layers)
         kw = dict(cfg=cfg, rngs=rngs, lora_rngs=lora_rngs)
         self.q = Linear((D,), (N, H), ("embed",), ("q_heads", "head_dim"), lora=_targets(lora, "q"), std=D**-0.5, **kw)
@@ -181,6 +188,11 @@ class Attention(nnx.Module):
             out_BxKxGxKxH = jnp.einsum("BSD,BSC->BDC", probs_BxSxD, v_BxSxC).reshape(B, K, G, K, H)
             out_BxKxGxH = jnp.einsum("BKGJH,KJ->BKGH", out_BxKxGxKxH, eye_KxK)
             out_BxLxNxH = out_BxKxGxH.astype(q_BxLxNxH.dtype).reshape(B, 1, K * G, H)
+            return self.o(out_BxLxNxH, deterministic), new_kv
+        if self.implementation != "einsum":
+            out_BxLxNxH = jax.nn.dot_product_attention(
+                q_BxLxNxH, k_BxSxKxH.astype(q_BxLxNxH.dtype), v_BxSxKxH.astype(q_BxLxNxH.dtype),
+                mask=mask_BxLxS[:, None], implementation=self.implementation)
             return self.o(out_BxLxNxH, deterministic), new_kv
         # Canonical batched matmuls over (B, K) with the G query heads of a kv head folded into the rows
         # (M = G * L): no repeated K/V, and XLA's CPU matmuls run ~2x faster than on 5-D einsums.
