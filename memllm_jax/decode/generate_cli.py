@@ -12,8 +12,8 @@ import pathlib
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="*", help="prompt texts")
-    parser.add_argument("--model", required=True, type=pathlib.Path, help="HF-format model directory or FILE.gguf")
-    parser.add_argument("--tokenizer", type=pathlib.Path, help="tokenizer (default: the model directory)")
+    parser.add_argument("--model", required=True, type=pathlib.Path, help="model checkpoint, training workdir, HF directory or FILE.gguf")
+    parser.add_argument("--tokenizer", type=pathlib.Path, help="tokenizer (default: the one stored with the model)")
     parser.add_argument("--memory", type=pathlib.Path, help="memory directory (default: no memory)")
     parser.add_argument("--prompts-file", type=pathlib.Path, help="one prompt per line")
     parser.add_argument("--max-new-tokens", type=int, default=64)
