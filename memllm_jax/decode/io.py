@@ -16,13 +16,13 @@ def load_model(path: str | pathlib.Path, tokenizer: str | pathlib.Path | None = 
     from memllm_jax.sources import identify
 
     src = identify(path)  # before importing jax: a wrong path fails fast
-    tok_path = tokenizer or src.tokenizer
-    if not tok_path:
-        raise InputError(f"{path}: no tokenizer stored with this {src.kind} model; pass --tokenizer")
     if src.kind == "HF":
         from memllm_jax.errors import load_json
 
         load_json(src.weights / "config.json")  # a damaged config names itself before the tokenizer reads it
+    tok_path = tokenizer or src.tokenizer
+    if not tok_path:
+        raise InputError(f"{path}: no tokenizer stored with this {src.kind} model; pass --tokenizer")
     from memllm_jax.sources import open_model
     from memllm_jax.tokenizer import load_tokenizer
 
