@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--force-read", action="store_true", help="open a memory read right after each prompt")
     parser.add_argument("--show-memory", action="store_true", help="print every API call, its queries and result")
+    parser.add_argument("--html", type=pathlib.Path, metavar="FILE",
+                        help="also write the results with every memory call as a self-contained HTML page")
 
 
 def format_result(prompt: str, res, show_memory: bool) -> str:
@@ -62,4 +65,8 @@ def main(args: argparse.Namespace) -> int:
                                    batch_size=args.batch_size, force_read=args.force_read, seed=args.seed)
     for prompt, res in zip(prompts, results):
         print(format_result(prompt, res, args.show_memory))
+    if args.html:
+        from memllm_jax.eval.html import generation_page
+
+        print(f"wrote {generation_page(args.html, prompts, results)}", file=sys.stderr)
     return 0
