@@ -97,7 +97,8 @@ def save_tokenizer(tokenizer: str | os.PathLike, directory: str | os.PathLike) -
 
 
 def is_checkpoint(directory: str | os.PathLike) -> bool:
-    """A directory in this format: a numbered step directory holding a `config` item."""
+    """A directory in this format: a numbered step directory holding a `config` item (`sources._Layout` reads
+    the same without importing jax)."""
     p = pathlib.Path(directory)
     return p.is_dir() and any(c.name.isdigit() and (c / CONFIG).exists() for c in p.iterdir())
 

@@ -60,10 +60,21 @@ _KINDS = ("a model checkpoint (<step>/config), a training workdir (train_config.
           "(config.json) or a .gguf file")
 
 
+class _Layout:
+    """`memllm_jax.checkpoint`'s layout, read without importing it (it imports jax)."""
+
+    TOKENIZER = "tokenizer"
+
+    @staticmethod
+    def is_checkpoint(directory: pathlib.Path) -> bool:
+        return directory.is_dir() and any(c.name.isdigit() and (c / "config").exists() for c in directory.iterdir())
+
+
 def identify(path: str | os.PathLike) -> Source:
     """What `path` is (see the module docstring); InputError when it is none of them."""
-    from memllm_jax import checkpoint as C
     from memllm_jax.model.gguf import PACKAGED, is_gguf, resolve_model_dir
+
+    C = _Layout
 
     given = str(path)
     if given in PACKAGED or is_gguf(given):
