@@ -207,6 +207,10 @@ def stage_diagnostics(self):
     return {}
 
 
+TRACE_DOCS = 3
+"""Evaluation documents whose read trace (eval/trace.py) each Table 2 row saves for the HTML report."""
+
+
 def stage_table2(self):
     from experiments.tables import plot_table2, table2_markdown
     from memllm_jax.eval.perplexity import evaluate_perplexity
@@ -228,8 +232,10 @@ def stage_table2(self):
         setting = row.read
         if setting.positions == "model" and self.cfg.read_threshold is not None:
             setting = dataclasses.replace(setting, read_threshold=self.cfg.read_threshold)
-        res = evaluate_perplexity(model, tok, docs, memory, setting, batch_size=self.cfg.eval_batch, progress=self.say)
+        res = evaluate_perplexity(model, tok, docs, memory, setting, batch_size=self.cfg.eval_batch, progress=self.say,
+                                  trace_docs=TRACE_DOCS)
         results[row.key] = {"name": row.name, "description": row.description, **res.to_json()}
+        _atomic_json(self.out / "results" / "traces" / f"{row.key}.json", res.traces)  # for index.html
         p = res.ppl
         self.say(f"  {row.name:12s} OVERALL {p['overall']:.3f}  TARGET {p['target']:.3f}  ENTITY {p['entity']:.3f}"
                  f"  reads {res.stats['reads']} ({res.stats['reads_with_results']} with results)")
@@ -337,4 +343,9 @@ def stage_report(self):
             parts.append(f"![{name}]({name})")
     _atomic_text(res / "report.md", "\n".join(parts) + "\n")
     self.say(f"report: {res / 'report.md'}")
+    from experiments.report_html import build
+    from experiments.tb_eval import log_results
+
+    self.say(f"report: {build(self.out)}")
+    log_results(self.out)
     return {}

@@ -167,7 +167,12 @@ def plot_table2(results: Mapping[str, Mapping], path: str | pathlib.Path) -> pat
         ax.bar([x + (i - 1) * width for x in range(len(keys))], [results[k]["ppl"].get(metric, float("nan")) for k in keys],
                width, label=metric.upper())
     ax.set_xticks(range(len(keys)), [ROWS[k].name for k in keys])
-    ax.set_ylabel("perplexity")
+    from memllm_jax.eval.html import needs_log
+
+    log = needs_log([v for k in keys for v in results[k]["ppl"].values()])
+    if log:  # TARGET perplexities span 1 to 500: on a linear axis the memory rows are invisible
+        ax.set_yscale("log")
+    ax.set_ylabel("perplexity (log scale)" if log else "perplexity")
     ax.set_title("Table 2 rows (ours)")
     ax.legend()
     _savefig(fig, path)

@@ -19,16 +19,10 @@ def train_config(module: str, section: str, overrides: Sequence[str], **paths):
     return override(cfg, *mine) if mine else cfg
 
 
-def _init_path(init: str) -> str:
-    """An HF directory or a `.gguf` file is used as it is; a pipeline training workdir gives its final `params/`."""
-    p = pathlib.Path(init)
-    return str(p) if (p / "config.json").exists() or p.suffix.lower() == ".gguf" else str(p / "params")
-
-
 def run_training(module: str, section: str, overrides: Sequence[str], *, train_data: str, tokenizer: str,
                  workdir: str, init: str | None, say: Callable[[str], None] = print) -> dict:
     cfg = train_config(module, section, overrides, train_data=train_data, tokenizer=tokenizer, workdir=workdir,
-                       init=(_init_path(init) if init else None))
+                       init=init)  # any model path: HF dir, .gguf, a workdir
     try:
         from memllm_jax.train.loop import train
     except ImportError as exc:  # the training module has not landed its loop yet
@@ -39,18 +33,8 @@ def run_training(module: str, section: str, overrides: Sequence[str], *, train_d
 
 
 def load_trained(workdir: str | pathlib.Path, vocab_size: int | None = None):
-    """The model trained in `workdir` (its base merged with the adapter for LoRA runs). For an HF directory (a
-    pretrained base), `vocab_size` is the tokenizer's: rows for the added API markers are appended."""
-    from memllm_jax.model.gguf import resolve_model_dir
+    """The model at `workdir` (a training workdir, model checkpoint, HF directory or .gguf; LoRA merged). For an
+    HF base, `vocab_size` is the tokenizer's: rows for the added API markers are appended."""
+    from memllm_jax.sources import open_model
 
-    workdir = resolve_model_dir(workdir)  # a .gguf file: its converted HF directory
-    if (workdir / "config.json").exists():
-        import json
-
-        from memllm_jax.model.hf import load_hf
-
-        hf_vocab = int(json.loads((workdir / "config.json").read_text())["vocab_size"])
-        return load_hf(workdir, extra_tokens=max(0, (vocab_size or hf_vocab) - hf_vocab))[1]
-    from memllm_jax.train.loop import load_trained_model
-
-    return load_trained_model(str(workdir))
+    return open_model(str(workdir), vocab_size=vocab_size)[0]

@@ -1,6 +1,11 @@
-"""Orbax checkpoints of model parameters: base and LoRA saved as separate items, plus the configs as JSON.
+"""The model checkpoint: the one on-disk format of a model that every command opens (see `memllm_jax.sources`).
 
-Layout (one Orbax `CheckpointManager` directory): `<dir>/<step>/{base,lora,config}`. Restoring reads into
+Layout (one Orbax `CheckpointManager` directory): `<dir>/<step>/{base,lora,config}` and the tokenizer beside
+the steps in `<dir>/tokenizer/`. `config` holds the ModelConfig, the LoraConfig and, for an adapter-only
+checkpoint (LoRA finetuning of a pretrained base), a reference to the base: `{"source": path, "extra_tokens": n}`
+where `source` is any model path `sources.open_model` accepts (HF directory, .gguf, checkpoint, training
+workdir) and `n` rows (the API markers) were appended to its vocabulary, mean-initialised, as training did.
+`memllm train` writes `<workdir>/model/` in this format, `memllm convert hf-to-orbax` too. Restoring reads into
 `jax.ShapeDtypeStruct`s that carry the target shardings, so a checkpoint written under one mesh restores
 directly into another, and one written with the other layer layout (`ModelConfig.scan_layers`: keys
 `layers.<i>.attn...` unrolled, `layers.attn...` stacked) is stacked or sliced into the target's on restore.
@@ -40,32 +45,79 @@ def _split(model):
     return nnx.state(model, BASE_PARAMS), nnx.state(model, nnx.LoRAParam)
 
 
-def save_params(directory: str | os.PathLike, step: int, model, *, lora_only: bool = False) -> None:
-    """Save the base parameters (unless `lora_only`) and the LoRA parameters (if any) at `step`."""
+TOKENIZER = "tokenizer"
+
+
+def save_params(directory: str | os.PathLike, step: int, model, *, lora_only: bool = False,
+                base: dict | None = None, tokenizer: str | os.PathLike | None = None) -> None:
+    """Save the base parameters (unless `lora_only` or `base`) and the LoRA parameters (if any) at `step`.
+
+    `base`: `{"source": path, "extra_tokens": n}`, where the base weights come from (an adapter-only save);
+    `tokenizer`: a tokenizer path (directory, tokenizer.json or .gguf) copied to `<directory>/tokenizer`.
+    """
     import orbax.checkpoint as ocp
 
-    base, lora = _split(model)
+    base_flat, lora = _split(model)
     lora_flat = _flat(lora)
+    lora_only = lora_only or base is not None
     if lora_only and not lora_flat:
         raise ValueError("save_params(lora_only=True): the model has no LoRA parameters")
     items: dict[str, Any] = {
         CONFIG: ocp.args.JsonSave({
             "model": dataclasses.asdict(model.cfg),
             "lora": None if model.lora_cfg is None else dataclasses.asdict(model.lora_cfg),
+            "base": base,
         })
     }
     if not lora_only:
-        items[BASE] = ocp.args.StandardSave(_flat(base))
+        items[BASE] = ocp.args.StandardSave(_flat(base_flat))
     if lora_flat:
         items[LORA] = ocp.args.StandardSave(lora_flat)
     manager = _manager(directory)
     manager.save(step, args=ocp.args.Composite(**items), force=True)
     manager.wait_until_finished()
     manager.close()
+    if tokenizer is not None and jax.process_index() == 0:
+        save_tokenizer(tokenizer, directory)
 
 
-def read_configs(directory: str | os.PathLike, step: int | None = None) -> tuple[ModelConfig, LoraConfig | None, int]:
-    """`(ModelConfig, LoraConfig | None, step)` stored with a checkpoint (default: the latest step)."""
+def save_tokenizer(tokenizer: str | os.PathLike, directory: str | os.PathLike) -> pathlib.Path:
+    """Copy the tokenizer at `tokenizer` (API markers registered) to `<directory>/tokenizer`, atomically."""
+    import shutil
+
+    from memllm_jax.tokenizer import load_tokenizer
+
+    out = pathlib.Path(directory) / TOKENIZER
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    load_tokenizer(tokenizer).save(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def is_checkpoint(directory: str | os.PathLike) -> bool:
+    """A directory in this format: a numbered step directory holding a `config` item (`sources._Layout` reads
+    the same without importing jax)."""
+    p = pathlib.Path(directory)
+    return p.is_dir() and any(c.name.isdigit() and (c / CONFIG).exists() for c in p.iterdir())
+
+
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """What `config` of a checkpoint step says: configs, step, where the base comes from, which items exist."""
+
+    model: ModelConfig
+    lora: LoraConfig | None
+    step: int
+    base: dict | None
+    """`{"source", "extra_tokens"}` of an adapter-only checkpoint; None when the base weights are stored."""
+    tokenizer: pathlib.Path | None
+    """`<dir>/tokenizer` when present."""
+
+
+def read_stored(directory: str | os.PathLike, step: int | None = None) -> Stored:
+    """The `config` item of a checkpoint step (default: the latest step)."""
     import orbax.checkpoint as ocp
 
     manager = _manager(directory, read_only=True)
@@ -75,8 +127,16 @@ def read_configs(directory: str | os.PathLike, step: int | None = None) -> tuple
     lora = stored.get("lora")
     model = dict(stored["model"])
     model.setdefault("scan_layers", False)  # written before the field existed: unrolled
-    return ModelConfig(**model), (None if lora is None else LoraConfig(**{**lora, "targets": tuple(lora["targets"]),
-                                                                 "trainable_tokens": tuple(lora.get("trainable_tokens", ()))})), step
+    lora_cfg = None if lora is None else LoraConfig(**{**lora, "targets": tuple(lora["targets"]),
+                                                       "trainable_tokens": tuple(lora.get("trainable_tokens", ()))})
+    tok = pathlib.Path(directory) / TOKENIZER
+    return Stored(ModelConfig(**model), lora_cfg, step, stored.get("base"), tok if tok.is_dir() else None)
+
+
+def read_configs(directory: str | os.PathLike, step: int | None = None) -> tuple[ModelConfig, LoraConfig | None, int]:
+    """`(ModelConfig, LoraConfig | None, step)` stored with a checkpoint (default: the latest step)."""
+    s = read_stored(directory, step)
+    return s.model, s.lora, s.step
 
 
 def _resolve_step(manager, directory, step):

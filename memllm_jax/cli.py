@@ -81,8 +81,17 @@ def main(argv: list[str] | None = None) -> int:
         return INPUT_ERROR_EXIT
 
 
+SUBCOMMANDS: dict[tuple[str, str], tuple[str, str]] = {
+    ("memory", "write"): ("memllm_jax.decode.write_cli", "write a corpus into a memory with the memory-write model"),
+}
+"""Subcommands living in a module other than their command's (so `memllm memory --help` never imports jax)."""
+
+
 def _run(name: str, rest: list[str]) -> int:
     module_name, help_text = COMMANDS[name]
+    if (name, rest[0] if rest else "") in SUBCOMMANDS:
+        module_name, help_text = SUBCOMMANDS[(name, rest[0])]
+        name, rest = f"{name} {rest[0]}", rest[1:]
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"memllm {name}", description=help_text)
     module.add_arguments(parser)

@@ -38,3 +38,44 @@ class CharTokenizer:
             elif 9 <= t < 104:
                 out.append(chr(t - 9 + 32))
         return "".join(out)
+
+
+def scripted_reader():
+    """`(model, tokenizer, [encoded doc], Memory class)`: a scripted model that reads right before "Paris" in
+    "Ann was born in Paris." asking <Ann, place of birth, *>, and a memory answering that query with Paris."""
+    from memllm_jax.decode.scripted import PolicyModel
+    from memllm_jax.eval.records import EvalDoc, GoldRead, encode_document
+
+    tok = CharTokenizer()
+    text = "Ann was born in Paris."
+    mr, rend, cend = (tok.marker_id[m] for m in (protocol.MEM_READ, protocol.READ_END, protocol.CALL_END))
+    query_ids = tok.encode("Ann>>place of birth>>") + [rend]
+    doc_ids = tok.encode(text)
+
+    def policy(ctx):
+        if mr in ctx:
+            k = len(ctx) - 1 - ctx[::-1].index(mr)
+            gen = ctx[k + 1:]
+            if cend not in gen:
+                return [query_ids[len(gen)] if len(gen) < len(query_ids) else tok.eos_id]
+        plain, skip = [], False
+        for t in ctx[1:]:
+            if t == mr:
+                skip = True
+            elif t == cend:
+                skip = False
+            elif not skip:
+                plain.append(t)
+        nxt = doc_ids[len(plain)] if len(plain) < len(doc_ids) else tok.eos_id
+        if len(plain) == 16 and ctx[-1] != cend:
+            return [mr, nxt]
+        return [nxt]
+
+    class Memory:
+        def query(self, queries):
+            from memllm_jax.decode.io import _Empty
+            return [_Empty(["Paris"] if q == protocol.Query("Ann", "place of birth", None) else []) for q in queries]
+
+    d = EvalDoc("d", text, ((0, 3), (16, 21)), (GoldRead(16, (protocol.Query("Ann", "place of birth", None),),
+                                                          ("Paris",), ((16, 21),)),), ())
+    return PolicyModel(policy, tok.vocab_size), tok, [encode_document(tok, d)], Memory

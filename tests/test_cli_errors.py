@@ -168,7 +168,7 @@ def memory_import_not_utf8(tmp, mp):
 
 
 def generate_no_model(tmp, mp):
-    return ["generate", "--model", str(tmp / "nomodel"), "hi"], "nomodel: neither an HF-format model directory"
+    return ["generate", "--model", str(tmp / "nomodel"), "hi"], "nomodel: no such file or directory (expected a model"
 
 
 def generate_prompts_not_utf8(tmp, mp):
@@ -184,7 +184,26 @@ def generate_truncated_model_config(tmp, mp):
 
 
 def chat_no_model(tmp, mp):
-    return ["chat", "--model", str(tmp / "nomodel"), "--memory", str(tmp / "mem")], "nomodel: neither an HF-format"
+    return ["chat", "--model", str(tmp / "nomodel"), "--memory", str(tmp / "mem")], "nomodel: no such file or directory"
+
+
+def generate_model_without_tokenizer(tmp, mp):
+    (tmp / "model").mkdir()
+    (tmp / "model" / "config.json").write_text('{"vocab_size": 64}')
+    return ["generate", "--model", str(tmp / "model"), "hi"], "model: no tokenizer stored with this HF model; pass --tokenizer"
+
+
+def memory_write_not_a_model(tmp, mp):
+    (tmp / "notmodel").mkdir()
+    return (["memory", "write", "--model", str(tmp / "notmodel"), "--corpus", "c.jsonl", "--memory", "mem"],
+            "notmodel: not a model (expected a model checkpoint (<step>/config), a training workdir")
+
+
+def convert_unfinished_run(tmp, mp):
+    (tmp / "run").mkdir()
+    (tmp / "run" / "train_config.json").write_text("{}")
+    return (["convert", "orbax-to-hf", str(tmp / "run"), str(tmp / "hf"), "--merge-lora"],
+            "run: training workdir without a trained model (neither model/ nor params/: the run has not finished)")
 
 
 def eval_missing_config(tmp, mp):

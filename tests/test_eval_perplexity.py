@@ -134,46 +134,23 @@ def test_real_eval_records_from_data_gen():
 def test_model_chosen_reads_with_a_scripted_model():
     """A scripted model reads right before "Paris" and asks <Ann, place of birth, *>: rows with model
     positions and queries make exactly that read, answer it from the memory, and TARGET PPL drops."""
-    from memllm_jax.decode.scripted import PolicyModel
+    from tests.eval_fakes import scripted_reader
 
-    tok = CharTokenizer()
-    text = "Ann was born in Paris."
-    mr, rend, cend = (tok.marker_id[m] for m in (protocol.MEM_READ, protocol.READ_END, protocol.CALL_END))
-    query_ids = tok.encode("Ann>>place of birth>>") + [rend]
-    doc_ids = tok.encode(text)
-
-    def policy(ctx):
-        if mr in ctx:
-            k = len(ctx) - 1 - ctx[::-1].index(mr)
-            gen = ctx[k + 1:]
-            if cend not in gen:
-                return [query_ids[len(gen)] if len(gen) < len(query_ids) else tok.eos_id]
-        plain, skip = [], False
-        for t in ctx[1:]:
-            if t == mr:
-                skip = True
-            elif t == cend:
-                skip = False
-            elif not skip:
-                plain.append(t)
-        nxt = doc_ids[len(plain)] if len(plain) < len(doc_ids) else tok.eos_id
-        if len(plain) == 16 and ctx[-1] != cend:
-            return [mr, nxt]
-        return [nxt]
-
-    class Memory:
-        def query(self, queries):
-            from memllm_jax.decode.io import _Empty
-            return [_Empty(["Paris"] if q == protocol.Query("Ann", "place of birth", None) else []) for q in queries]
-
-    d = EvalDoc("d", text, ((0, 3), (16, 21)), (GoldRead(16, (protocol.Query("Ann", "place of birth", None),),
-                                                          ("Paris",), ((16, 21),)),), ())
-    docs = [encode_document(tok, d)]
-    model = PolicyModel(policy, tok.vocab_size)
+    model, tok, docs, Memory = scripted_reader()
     plain = evaluate_perplexity(model, tok, docs, None, ReadSetting(positions="none"), batch_size=2)
-    read = evaluate_perplexity(model, tok, docs, Memory(), ReadSetting(), batch_size=2)
+    read = evaluate_perplexity(model, tok, docs, Memory(), ReadSetting(), batch_size=2, trace_docs=1)
     assert read.stats["reads"] == 1 and read.stats["reads_with_results"] == 1 and read.stats["target_in_results"] == 1
     assert read.ppl["target"] < plain.ppl["target"]
+    # the read trace: the call, its query and result, and the token losses with and without the read
+    (trace,) = read.traces
+    assert "".join(trace["tokens"]) == "Ann was born in Paris."
+    (event,) = trace["reads"]
+    assert event["token"] == 16 and event["status"] == "used" and event["results"] == ["Paris"]
+    assert event["call"] == "({MEM_READ(Ann>>place of birth>>)-->" and event["target_hit"]
+    assert event["queries"] == ["<Ann, place of birth, *>"] and event["until"] == len(trace["tokens"])
+    loss_with, loss_without = np.array(trace["loss_with"]), np.array(trace["loss_without"])
+    assert np.allclose(loss_with[:16], loss_without[:16]) and loss_with[16] < loss_without[16]
+    assert np.exp(loss_with[np.array(trace["target"])].mean()) == pytest.approx(read.ppl["target"], rel=1e-3)
     # Gold positions with model queries (row ⑥) make the same read.
     six = evaluate_perplexity(model, tok, docs, Memory(), ReadSetting("gold", "model", "memory"), batch_size=2)
     assert six.ppl["target"] == pytest.approx(read.ppl["target"], rel=1e-9)

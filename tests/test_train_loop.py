@@ -14,7 +14,7 @@ from flax import nnx
 
 from memllm_jax.config import TINY, LoraConfig, MeshConfig
 from memllm_jax.train import loop
-from memllm_jax.train.checkpoint import Checkpointer, load_params
+from memllm_jax.train.checkpoint import Checkpointer
 from memllm_jax.train.config import TrainConfig
 from train_fixtures import lm_records, make_tokenizer, write_jsonl, write_records
 
@@ -44,16 +44,24 @@ def test_pretraining_beats_unigram_and_writes_outputs(pretrained):
     assert all(np.isfinite(x["tokens_per_s"]) for x in lines if x["kind"] == "train")
     assert os.path.getsize(r.plot_path) > 1000
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(r.workdir, "tb")))
+    from memllm_jax.checkpoint import is_checkpoint, read_stored
+    from memllm_jax.sources import open_model
+
+    assert r.model_dir == os.path.join(r.workdir, "model") and is_checkpoint(r.model_dir)
+    stored = read_stored(r.model_dir)
+    assert stored.step == 40 and stored.base is None and stored.tokenizer is not None  # full model + tokenizer
     model = loop.load_trained_model(r.workdir)
-    trained = load_params(r.params_dir, jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), nnx.state(model, nnx.Param)))
-    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)), jax.tree.leaves(trained)))
+    direct, src = open_model(r.model_dir, say=None)
+    assert src.kind == "checkpoint"
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)),
+                                                    jax.tree.leaves(nnx.state(direct, nnx.Param))))
 
 
 def lora_cfg(files, pretrained, workdir, **kw):
     base = dict(name="mw", model=TINY, mode="lora", lora=LoraConfig(rank=4, alpha=8.0, dropout=0.1),
                 train_data=(files["write"],), tokenizer=files["tok"], seq_len=128, buckets=(128,), packing="pad",
                 global_batch=8, micro_batches=2, steps=6, lr=3e-3, eval_fraction=0.1, checkpoint_every=2, eval_every=3,
-                keep_checkpoints=5, init_checkpoint=pretrained[1].params_dir, workdir=workdir,
+                keep_checkpoints=5, init_checkpoint=pretrained[1].workdir, workdir=workdir,
                 mesh=MeshConfig(data=2, fsdp=2, tensor=2), progress=False,
                 compilation_cache=str(files["dir"] / "xla_cache"))
     return TrainConfig(**{**base, **kw})
@@ -65,13 +73,17 @@ def adapter(workdir):
 
 
 def test_kill_and_resume_is_bitwise_equal(files, pretrained, tmp_path):
-    straight = loop.run(lora_cfg(files, pretrained, str(tmp_path / "a")))
+    straight = loop.run(lora_cfg(files, pretrained, str(tmp_path / "a"), export_steps=(3,)))
     killed = loop.run(lora_cfg(files, pretrained, str(tmp_path / "b")), stop_after=3)
-    assert killed.stopped_early and killed.params_dir is None
+    assert killed.stopped_early and killed.model_dir is None
     resumed = loop.run(lora_cfg(files, pretrained, str(tmp_path / "b")))
     assert resumed.step == straight.step == 6
     a, b = adapter(straight.workdir), adapter(resumed.workdir)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    # `export_steps`: the model at step 3 is kept beside the final one, and it is an earlier adapter
+    mid = [np.asarray(x) for x in jax.tree.leaves(nnx.state(loop.load_trained_model(straight.workdir, merge=False,
+                                                                                     step=3), nnx.LoRAParam))]
+    assert len(mid) == len(a) and not all(np.array_equal(x, y) for x, y in zip(mid, a))
     evals = [json.loads(x) for x in open(straight.metrics_path)]
     evals = {x["step"]: x["loss"] for x in evals if x["kind"] == "eval"}
     assert set(evals) == {0, 3, 6} and evals[6] < evals[0]  # the adapter lowers the held-out span loss
@@ -79,6 +91,11 @@ def test_kill_and_resume_is_bitwise_equal(files, pretrained, tmp_path):
     n_adapter = sum(x.size for x in a)
     n_base = sum(x.size for x in jax.tree.leaves(nnx.state(loop.load_trained_model(pretrained[1].workdir), nnx.Param)))
     assert n_adapter < 0.2 * n_base
+    from memllm_jax.checkpoint import read_stored
+
+    stored = read_stored(straight.model_dir)  # adapter only, naming the base it was trained on
+    assert stored.base == {"source": pretrained[1].workdir, "extra_tokens": 0}
+    assert not os.path.exists(os.path.join(straight.model_dir, str(stored.step), "base"))
     # restore the train state written under (2,2,2) into a (8,1,1) mesh: values unchanged
     cfg = lora_cfg(files, pretrained, str(tmp_path / "b"))
     ck = Checkpointer(os.path.join(resumed.workdir, "ckpt"))
@@ -106,4 +123,4 @@ def test_nan_stops_and_keeps_last_good_checkpoint(files, pretrained, tmp_path):
     bad = int(re.search(r"at step (\d+)", str(info.value)).group(1))
     steps = Checkpointer(os.path.join(cfg.workdir, "ckpt")).all_steps()
     assert steps and max(steps) == bad - 1
-    assert not os.path.exists(os.path.join(cfg.workdir, "params"))
+    assert not os.path.exists(os.path.join(cfg.workdir, "model"))

@@ -24,9 +24,9 @@ HELP = __doc__.split("Commands:")[1]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, type=pathlib.Path, help="read model (HF-format directory or FILE.gguf)")
+    parser.add_argument("--model", required=True, type=pathlib.Path, help="read model: model checkpoint, training workdir, HF directory or FILE.gguf")
     parser.add_argument("--write-model", type=pathlib.Path, help="write model (default: --model)")
-    parser.add_argument("--tokenizer", type=pathlib.Path)
+    parser.add_argument("--tokenizer", type=pathlib.Path, help="tokenizer (default: the one stored with the model)")
     parser.add_argument("--memory", required=True, type=pathlib.Path, help="memory directory (created if absent)")
     parser.add_argument("--encoder", default="minilm", help="encoder of a new memory")
     parser.add_argument("--max-new-tokens", type=int, default=48)

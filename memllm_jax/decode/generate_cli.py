@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import sys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="*", help="prompt texts")
-    parser.add_argument("--model", required=True, type=pathlib.Path, help="HF-format model directory or FILE.gguf")
-    parser.add_argument("--tokenizer", type=pathlib.Path, help="tokenizer (default: the model directory)")
+    parser.add_argument("--model", required=True, type=pathlib.Path, help="model checkpoint, training workdir, HF directory or FILE.gguf")
+    parser.add_argument("--tokenizer", type=pathlib.Path, help="tokenizer (default: the one stored with the model)")
     parser.add_argument("--memory", type=pathlib.Path, help="memory directory (default: no memory)")
     parser.add_argument("--prompts-file", type=pathlib.Path, help="one prompt per line")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -24,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--force-read", action="store_true", help="open a memory read right after each prompt")
     parser.add_argument("--show-memory", action="store_true", help="print every API call, its queries and result")
+    parser.add_argument("--html", type=pathlib.Path, metavar="FILE",
+                        help="also write the results with every memory call as a self-contained HTML page")
 
 
 def format_result(prompt: str, res, show_memory: bool) -> str:
@@ -62,4 +65,8 @@ def main(args: argparse.Namespace) -> int:
                                    batch_size=args.batch_size, force_read=args.force_read, seed=args.seed)
     for prompt, res in zip(prompts, results):
         print(format_result(prompt, res, args.show_memory))
+    if args.html:
+        from memllm_jax.eval.html import generation_page
+
+        print(f"wrote {generation_page(args.html, prompts, results)}", file=sys.stderr)
     return 0

@@ -8,39 +8,29 @@ from typing import Sequence
 
 
 def load_model(path: str | pathlib.Path, tokenizer: str | pathlib.Path | None = None):
-    """`(model, tokenizer)` from an HF-format Mistral directory (as written by `memllm convert` /
-    `save_hf`; tokenizer from `tokenizer` or the same directory), a `.gguf` file (converted once to such a
-    directory) or from a finished training run directory (`train_config.json` + `params/`; LoRA merged;
-    tokenizer from `tokenizer` or the run's config)."""
-    from memllm_jax.errors import InputError, load_json
-    from memllm_jax.model.gguf import resolve_model_dir
+    """`(model, tokenizer)` from any model path `memllm_jax.sources.identify` knows (model checkpoint, training
+    workdir, HF directory, `.gguf` file); LoRA merged. The tokenizer is `tokenizer`, else the one stored with
+    the model (`<checkpoint>/tokenizer`, the run's `tokenizer`, the HF directory's own). One line on stderr says
+    what was found."""
+    from memllm_jax.errors import InputError
+    from memllm_jax.sources import identify
 
-    path = resolve_model_dir(path)
-    run_config = path / "train_config.json"
-    if not run_config.exists() and not (path / "config.json").exists():  # before importing jax: fail fast
-        raise InputError(f"{path}: neither an HF-format model directory (config.json) nor a training run "
-                         f"(train_config.json)")
-    from memllm_jax.model.hf import load_hf
+    src = identify(path)  # before importing jax: a wrong path fails fast
+    if src.kind == "HF":
+        from memllm_jax.errors import load_json
+
+        load_json(src.weights / "config.json")  # a damaged config names itself before the tokenizer reads it
+    tok_path = tokenizer or src.tokenizer
+    if not tok_path:
+        raise InputError(f"{path}: no tokenizer stored with this {src.kind} model; pass --tokenizer")
+    from memllm_jax.sources import open_model
     from memllm_jax.tokenizer import load_tokenizer
 
-    if run_config.exists():
-        from memllm_jax.train.loop import load_trained_model
-
-        run = load_json(run_config)
-        tok_path = tokenizer or (run.get("tokenizer") if isinstance(run, dict) else None)
-        if not isinstance(tok_path, str) or not tok_path:
-            raise InputError(f"{run_config}: field tokenizer: missing (or pass --tokenizer)")
-        model = load_trained_model(str(path))
-        tok, cfg = load_tokenizer(tok_path), model.cfg
-    else:
-        hf_cfg = load_json(path / "config.json")  # a damaged config names itself before the tokenizer reads it
-        tok = load_tokenizer(tokenizer or path)
-        # A base model's tokenizer gets the API markers added: append their rows (mean init), as training does.
-        hf_vocab = hf_cfg.get("vocab_size", tok.vocab_size) if isinstance(hf_cfg, dict) else tok.vocab_size
-        cfg, model = load_hf(path, extra_tokens=max(0, tok.vocab_size - int(hf_vocab)))
-    if tok.vocab_size > cfg.vocab_size:
-        raise InputError(f"{tokenizer or path}: tokenizer has {tok.vocab_size} ids but the model only "
-                         f"{cfg.vocab_size} (config.json field vocab_size)")
+    tok = load_tokenizer(tok_path)
+    model, _ = open_model(path, tokenizer=tok_path, vocab_size=tok.vocab_size)
+    if tok.vocab_size > model.cfg.vocab_size:
+        raise InputError(f"{tok_path}: tokenizer has {tok.vocab_size} ids but the model {path} only "
+                         f"{model.cfg.vocab_size}")
     return model, tok
 
 

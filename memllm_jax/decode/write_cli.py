@@ -90,8 +90,8 @@ def _atomic_json(path: pathlib.Path, obj) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, type=pathlib.Path, help="HF-format memory-write model directory (or FILE.gguf)")
-    parser.add_argument("--tokenizer", type=pathlib.Path)
+    parser.add_argument("--model", required=True, type=pathlib.Path, help="memory-write model: model checkpoint, training workdir, HF directory or FILE.gguf")
+    parser.add_argument("--tokenizer", type=pathlib.Path, help="tokenizer (default: the one stored with the model)")
     parser.add_argument("--corpus", required=True, type=pathlib.Path)
     parser.add_argument("--memory", required=True, type=pathlib.Path, help="memory directory (created if absent)")
     parser.add_argument("--encoder", default="minilm", help="encoder of a new memory")

@@ -25,6 +25,7 @@ from memllm_jax import protocol
 from memllm_jax.eval.mixture import SpanNLL, corpus_perplexities, mix_logprobs, span_nll
 from memllm_jax.eval.records import EncodedDoc
 from memllm_jax.eval.scoring import GreedyGenerator, Scorer
+from memllm_jax.eval.trace import doc_trace, read_event
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ class _DocState:
     active: bool = True
     forward: Any = None
     forward_shift: int = 0
+    events: list | None = None
+    """Traced documents only: one `trace.read_event` per read."""
 
 
 QUERY_CHECKS = ("gold_position_reads", "query_entity_correct", "query_relation_correct", "query_exact")
@@ -100,6 +103,8 @@ class PerplexityResult:
     nll: SpanNLL
     stats: dict[str, float]
     per_doc: list[dict]
+    traces: list[dict] = dataclasses.field(default_factory=list)
+    """`trace.doc_trace` of the first `trace_docs` documents (not in `to_json`)."""
 
     def to_json(self) -> dict:
         return {"ppl": self.ppl, "nll": self.nll.nll, "count": self.nll.count, "stats": self.stats}
@@ -115,8 +120,12 @@ def _merge_results(results: Sequence[Any]) -> list[str]:
 
 
 def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory: Any, setting: ReadSetting,
-                        *, batch_size: int = 8, progress: Callable[[str], None] | None = None) -> PerplexityResult:
-    """Perplexities of `model` on `docs` with reads answered by `memory` (a TripleMemory, or None)."""
+                        *, batch_size: int = 8, progress: Callable[[str], None] | None = None,
+                        trace_docs: int = 0) -> PerplexityResult:
+    """Perplexities of `model` on `docs` with reads answered by `memory` (a TripleMemory, or None).
+
+    `trace_docs`: for the first that many documents also return a read trace (`eval.trace`): every read's call,
+    queries, results and fate, and each token's loss with these reads and without any (the plain forward)."""
     mr_id = tok.marker_id[protocol.MEM_READ]
     read_end_id = tok.marker_id[protocol.READ_END]
     scorer = Scorer(model, mr_id, batch_size=batch_size, pad_id=tok.pad_id)
@@ -129,7 +138,8 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
     for e, f in zip(docs, plain):
         T = len(e.ids)
         states.append(_DocState(e, f.lp_next[:T].copy(), f.lp_mr[:T].copy(), np.zeros(T), np.zeros(T, bool),
-                                forward=f, forward_shift=0))
+                                forward=f, forward_shift=0, events=[] if len(states) < trace_docs else None))
+    logp_plain = [s.logp_path.copy() for s in states[:trace_docs]]
     plain_by_id = {id(s): f for s, f in zip(states, plain)}
     if setting.positions == "none":
         for s in states:
@@ -182,6 +192,8 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
             if r.gold is not None and setting.queries == "model":
                 for key, value in check_queries(r.queries, r.gold.queries).items():
                     r.state.query_checks[key] += value
+            if r.state.events is not None:
+                r.state.events.append(read_event(tok, r.pos, r.call_ids, r.queries, entities, r.gold))
             if entities and r.call_ids:
                 r.state.n_nonempty += 1
                 r.result_ids = list(tok.encode(protocol.format_read_result(entities)))
@@ -214,9 +226,11 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
         if progress:
             progress(f"  round {round_no}: {len(reads)} reads, {len(to_score)} with results")
 
-    per_doc, nlls = [], []
+    per_doc, nlls, traces = [], [], []
     for s in states:
         logp = mix_logprobs(s.logp_path, s.logp_read, s.logp_mr, s.read)
+        if s.events is not None:
+            traces.append(doc_trace(s.enc, logp, logp_plain[len(traces)], s.events))
         d = span_nll(logp, s.enc.masks)
         nlls.append(d)
         per_doc.append({"doc": s.enc.doc.doc_id, "reads": s.n_reads, "nonempty": s.n_nonempty,
@@ -231,7 +245,7 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
              "gold_reads": sum(len(s.enc.read_tokens) for s in states),
              **{key: sum(s.query_checks[key] for s in states) for key in QUERY_CHECKS},
              "tokens": total.count.get("overall", 0)}
-    return PerplexityResult(corpus_perplexities(nlls), total, stats, per_doc)
+    return PerplexityResult(corpus_perplexities(nlls), total, stats, per_doc, traces)
 
 
 def _next_reads(s: _DocState, setting: ReadSetting, mr_id: int) -> list[_Read]:

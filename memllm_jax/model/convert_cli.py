@@ -1,6 +1,10 @@
-"""`memllm convert`: move weights between an HF Mistral directory and an Orbax checkpoint (both directions),
-export a checkpoint's LoRA adapter in PEFT format, or turn a llama.cpp GGUF file into either (`gguf-to-hf`,
-`gguf-to-orbax`; an HF source directory may also be given as `FILE.gguf`)."""
+"""`memllm convert`: move weights between an HF Mistral directory and a model checkpoint (both directions),
+export a model's LoRA adapter in PEFT format, or turn a llama.cpp GGUF file into either (`gguf-to-hf`,
+`gguf-to-orbax`; an HF source directory may also be given as `FILE.gguf`).
+
+`orbax-to-*` read any model path (`memllm_jax.sources`): a model checkpoint, a training workdir (or its legacy
+`params/`), an HF directory. `*-to-orbax` write a model checkpoint with the tokenizer beside it (the API
+markers added, and by default as many vocabulary rows appended as the markers need)."""
 
 from __future__ import annotations
 
@@ -10,54 +14,106 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("direction", choices=["hf-to-orbax", "orbax-to-hf", "orbax-to-peft", "gguf-to-hf",
                                               "gguf-to-orbax"])
-    parser.add_argument("src", help="source: HF directory or FILE.gguf (hf-to-orbax, gguf-to-*), "
-                                    "or Orbax checkpoint directory")
+    parser.add_argument("src", help="source: HF directory or FILE.gguf (hf-to-orbax, gguf-to-*), or a model "
+                                    "checkpoint / training workdir (orbax-to-*)")
     parser.add_argument("dst", help="destination directory")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step to read (default latest) / write (default 0)")
     parser.add_argument("--merge-lora", action="store_true", help="orbax-to-hf: fold the LoRA adapter into the weights")
     parser.add_argument("--base", default=None,
                         help="HF directory (or FILE.gguf) holding the base weights when the checkpoint is LoRA-only")
-    parser.add_argument("--extra-tokens", type=int, default=0,
-                        help="hf/gguf-to-orbax: append N vocabulary rows (mean init)")
+    parser.add_argument("--extra-tokens", type=int, default=None,
+                        help="hf/gguf-to-orbax: append N vocabulary rows (mean init); default: the rows the "
+                             "tokenizer's added API markers need (0 without a tokenizer)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
                         help="hf/gguf-to-orbax: parameter dtype")
 
 
 def main(args: argparse.Namespace) -> int:
-    from memllm_jax.checkpoint import read_configs, restore_params, save_params
+    from memllm_jax.errors import InputError
     from memllm_jax.model.gguf import gguf_to_hf, is_gguf, resolve_model_dir
-    from memllm_jax.model.hf import load_hf, save_hf, save_peft_adapter
-    from memllm_jax.sharding import abstract_model
 
     if args.direction.startswith("gguf-to-") and not is_gguf(args.src):
-        from memllm_jax.errors import InputError
-
         raise InputError(f"{args.src}: {args.direction} reads a .gguf file")
     if args.direction == "gguf-to-hf":
         out = gguf_to_hf(args.src, args.dst)
         print(f"wrote {out} (HF Llama directory with its tokenizer) from {args.src}")
         return 0
     if args.direction in ("hf-to-orbax", "gguf-to-orbax"):
-        src = resolve_model_dir(args.src)
-        overrides = {"param_dtype": args.dtype} if args.dtype else {}
-        cfg, model = load_hf(src, extra_tokens=args.extra_tokens, **overrides)
-        step = 0 if args.step is None else args.step
-        save_params(args.dst, step, model)
-        print(f"wrote {args.dst} step {step}: {cfg.n_layers} layers, d_model {cfg.d_model}, vocab {cfg.vocab_size}")
-        if is_gguf(args.src):
-            print(f"the tokenizer (and HF weights) of {args.src} are in {src}")
-        return 0
-    cfg, lora, step = read_configs(args.src, args.step)
+        return _to_checkpoint(args, resolve_model_dir(args.src))
     if args.base:
-        _, target = load_hf(resolve_model_dir(args.base), lora=lora, param_dtype=cfg.param_dtype)
-        if target.cfg.vocab_size != cfg.vocab_size:
-            raise SystemExit(f"--base {args.base}: vocab {target.cfg.vocab_size} != checkpoint vocab {cfg.vocab_size}")
+        model, tokenizer, base = _adapter_on(args)
     else:
-        target = abstract_model(cfg, lora, None)
-    model = restore_params(args.src, target, step)
+        from memllm_jax.sources import open_model
+
+        model, src = open_model(args.src, merge_lora=False, step=args.step)
+        tokenizer = src.tokenizer
+        base = _base_source(src)
     if args.direction == "orbax-to-hf":
+        from memllm_jax.model.hf import save_hf
+
         save_hf(model, args.dst, merge_lora=args.merge_lora)
+        if model.lora_cfg is not None and not args.merge_lora:
+            import sys
+
+            print(f"note: {args.src} has a LoRA adapter, not in this export (pass --merge-lora to fold it in, or "
+                  f"use orbax-to-peft)", file=sys.stderr)
+        if tokenizer:
+            from memllm_jax.tokenizer import load_tokenizer
+
+            load_tokenizer(tokenizer).save(args.dst)
     else:
-        save_peft_adapter(model, args.dst, base_model_name_or_path=args.base)
-    print(f"wrote {args.dst} from {args.src} step {step}")
+        from memllm_jax.model.hf import save_peft_adapter
+
+        save_peft_adapter(model, args.dst, base_model_name_or_path=base)
+    print(f"wrote {args.dst} from {args.src}" + (" with its tokenizer" if tokenizer and args.direction == "orbax-to-hf"
+                                                 else ""))
     return 0
+
+
+def _to_checkpoint(args: argparse.Namespace, src) -> int:
+    """hf/gguf-to-orbax: a model checkpoint with the HF directory's tokenizer (markers added) beside it."""
+    from memllm_jax.checkpoint import save_params
+    from memllm_jax.errors import load_json
+    from memllm_jax.model.hf import load_hf
+
+    if not (src / "config.json").exists():
+        raise FileNotFoundError(f"{src / 'config.json'} does not exist")
+    has_tok = (src / "tokenizer.json").exists()
+    extra = args.extra_tokens
+    if extra is None and has_tok:
+        from memllm_jax.tokenizer import load_tokenizer
+
+        extra = max(0, load_tokenizer(src).vocab_size - int(load_json(src / "config.json")["vocab_size"]))
+    overrides = {"param_dtype": args.dtype} if args.dtype else {}
+    cfg, model = load_hf(src, extra_tokens=extra or 0, **overrides)
+    step = 0 if args.step is None else args.step
+    save_params(args.dst, step, model, tokenizer=src if has_tok else None)
+    print(f"wrote {args.dst} step {step}: {cfg.n_layers} layers, d_model {cfg.d_model}, vocab {cfg.vocab_size}"
+          + (f" ({extra} rows added for the API markers), tokenizer in {args.dst}/tokenizer" if has_tok else
+             " (no tokenizer in the source)"))
+    return 0
+
+
+def _base_source(src) -> str | None:
+    """For a PEFT export: the HF directory / .gguf the adapter was trained on, when the checkpoint says."""
+    from memllm_jax.checkpoint import read_stored
+
+    if src.kind not in ("checkpoint", "training workdir"):
+        return None
+    base = read_stored(src.weights).base
+    return None if base is None else base["source"]
+
+
+def _adapter_on(args: argparse.Namespace):
+    """`--base`: an adapter-only checkpoint that does not name its base, restored onto the HF weights given."""
+    from memllm_jax.checkpoint import read_stored, restore_params
+    from memllm_jax.model.hf import load_hf
+    from memllm_jax.model.gguf import resolve_model_dir
+
+    stored = read_stored(args.src, args.step)
+    _, target = load_hf(resolve_model_dir(args.base), lora=stored.lora, param_dtype=stored.model.param_dtype)
+    if target.cfg.vocab_size != stored.model.vocab_size:
+        raise SystemExit(f"--base {args.base}: vocab {target.cfg.vocab_size} != checkpoint vocab "
+                         f"{stored.model.vocab_size}")
+    model = restore_params(args.src, target, stored.step)
+    return model, (str(stored.tokenizer) if stored.tokenizer else None), args.base

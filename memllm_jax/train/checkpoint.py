@@ -6,7 +6,8 @@ as their raw key data. In LoRA mode the trained parameters are the adapters only
 (the frozen base is referenced by `TrainConfig.init_checkpoint`). `data` is the grain iterator state (JSON).
 
 Restoring takes an abstract `TrainState` whose `ShapeDtypeStruct`s carry the target shardings, so a
-checkpoint written under one mesh restores into any other.
+checkpoint written under one mesh restores into any other. These are for resuming a run; the trained model a
+run produces is a model checkpoint (`memllm_jax.checkpoint`) in `<workdir>/model`.
 """
 
 from __future__ import annotations
@@ -101,56 +102,3 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
-
-
-# ------------------------------------------------------------------------------------ final parameters
-
-
-def save_params(directory: str, state) -> str:
-    """Write an nnx.State of parameters (full model or adapters only) with Orbax; replaces `directory`."""
-    import shutil
-
-    directory = os.path.abspath(directory)
-    tmp = directory + ".tmp"
-    if os.path.exists(tmp):
-        shutil.rmtree(tmp)
-    with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(tmp, _flatten(state))
-        ckptr.wait_until_finished()
-    if jax.process_index() == 0:
-        if os.path.exists(directory):
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    return directory
-
-
-def load_params(directory: str, abstract_state):
-    """Restore `save_params` output into the structure (and shardings) of `abstract_state`.
-
-    Only the keys of `abstract_state` are read (partial restore), so the base parameters can be taken from a
-    full-model save by passing the base state alone. A missing key is an error naming it.
-    """
-    directory = os.path.abspath(directory)
-    if not os.path.isdir(directory):
-        raise FileNotFoundError(f"parameter directory {directory} does not exist")
-    target = _abstract_flat(abstract_state)
-    restore_args = {
-        k: ocp.ArrayRestoreArgs(sharding=v.sharding, global_shape=v.shape, dtype=v.dtype)
-        if getattr(v, "sharding", None) is not None else ocp.RestoreArgs(restore_type=np.ndarray)
-        for k, v in target.items()
-    }
-    with ocp.PyTreeCheckpointer() as ckptr:
-        available = set(ckptr.metadata(directory).item_metadata.tree.keys())
-        missing = sorted(set(target) - available)
-        if missing:
-            raise ValueError(f"{directory}: parameters {missing[:3]} missing (different model or LoRA config?)")
-        flat = ckptr.restore(directory, args=ocp.args.PyTreeRestore(target, restore_args=restore_args,
-                                                                    partial_restore=True))
-    leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(abstract_state)
-    values = []
-    for path, leaf in leaves_with_path:
-        value = flat[jax.tree_util.keystr(path)]
-        if _is_key(leaf):
-            value = jax.random.wrap_key_data(value)
-        values.append(value)
-    return jax.tree_util.tree_unflatten(treedef, values)

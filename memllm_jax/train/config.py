@@ -90,7 +90,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     """Number of most recent train-state checkpoints kept."""
     export_steps: tuple[int, ...] = ()
-    """Steps at which the trained parameters are also exported, to `<workdir>/params_step<N>` (a skill metric
+    """Steps at which the trained model is also exported, as earlier steps of `<workdir>/model` (a skill metric
     measured along one run gives its learning curve, e.g. memory-write precision against steps)."""
     """Number of most recent train-state checkpoints kept."""
     async_checkpoint: bool = True

@@ -5,8 +5,9 @@ Pretraining (mode "full") and LoRA finetuning (mode "lora") share one loop: buil
 the jitted step; resume from the latest checkpoint in `workdir/ckpt` (train state + iterator position);
 train with a progress bar, metrics, periodic held-out evaluation and checkpoints; stop with `NonFiniteLoss`
 (checkpoints written so far are kept) when the loss or gradient norm is NaN/Inf. At the end the trained
-parameters (full model, or the adapters only) go to `workdir/params` and the loss curves to
-`workdir/loss.png`.
+model goes to `workdir/model` as a model checkpoint (`memllm_jax.checkpoint`: the full model, or in LoRA mode
+the adapter plus a reference to the base it was trained on, with the tokenizer beside it) and the loss curves
+to `workdir/loss.png`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 from memllm_jax.config import LoraConfig, MeshConfig, ModelConfig
 from memllm_jax.train import data as D
 from memllm_jax.train import step as S
-from memllm_jax.train.checkpoint import Checkpointer, load_params, save_params
+from memllm_jax.train.checkpoint import Checkpointer
 from memllm_jax.train.config import TrainConfig, validate
 from memllm_jax.train.metrics import MetricsLogger
 from memllm_jax.train.optimizer import make_optimizer, schedule
@@ -38,8 +39,9 @@ class NonFiniteLoss(RuntimeError):
 @dataclasses.dataclass
 class TrainResult:
     workdir: str
-    params_dir: str | None
-    """Trained parameters (`load_trained_model(workdir)` reads them); None when stopped early."""
+    model_dir: str | None
+    """The trained model checkpoint `workdir/model` (`sources.open_model` reads it, or the workdir); None when
+    stopped early."""
     checkpoint_dir: str
     step: int
     total_steps: int
@@ -119,10 +121,6 @@ def create_model(model_cfg: ModelConfig, lora: LoraConfig | None, mesh, seed: in
 
 def build_model(cfg: TrainConfig, mesh, vocab_size: int | None = None):
     """The model on `mesh`: random, or base weights from `cfg.init_checkpoint` (+ fresh adapters in LoRA mode)."""
-    from flax import nnx
-
-    from memllm_jax.model.lora import BASE_PARAMS
-
     lora = cfg.lora if cfg.mode == "lora" else None
     init = cfg.init_checkpoint
     if init and _is_hf_dir(init):
@@ -141,8 +139,9 @@ def build_model(cfg: TrainConfig, mesh, vocab_size: int | None = None):
         raise ValueError(f"the tokenizer has {vocab_size} ids but TrainConfig.model.vocab_size={cfg.model.vocab_size}")
     model = create_model(cfg.model, lora, mesh, cfg.seed)
     if init:
-        base = nnx.state(model, BASE_PARAMS)
-        nnx.update(model, load_params(init, _abstract(base)))
+        from memllm_jax.sources import load_base_into
+
+        load_base_into(model, init)
     return model
 
 
@@ -303,18 +302,18 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
             if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or (stop_after is not None and done >= stop_after):
                 ckpt.save(done, state, iterator.get_state())
             if done in cfg.export_steps and done != total:
-                save_params(os.path.join(workdir, f"params_step{done}"), state.params)
+                export_model(cfg, S.merge(split, params=state.params, rngs=state.rngs), done, workdir)
             if stop_after is not None and done >= stop_after:
                 stopped = True
                 break
-        params_dir = plot_path = None
+        model_dir = plot_path = None
         if not stopped:
             last_eval = evaluate()
             if last_eval:
                 logger.log(total, last_eval, kind="eval")
             if total not in ckpt.all_steps():
                 ckpt.save(total, state, iterator.get_state())
-            params_dir = save_params(os.path.join(workdir, "params"), state.params)
+            model_dir = export_model(cfg, S.merge(split, params=state.params, rngs=state.rngs), total, workdir)
             if pidx == 0:
                 from memllm_jax.train.plots import plot_loss
 
@@ -325,7 +324,7 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
         ckpt.close()
     unigram = _unigram_loss(corpus, eval_corpus, getattr(tok, "vocab_size", cfg.model.vocab_size))
     result = TrainResult(
-        workdir=workdir, params_dir=params_dir, checkpoint_dir=ckpt.directory, step=int(jax.device_get(state.step)),
+        workdir=workdir, model_dir=model_dir, checkpoint_dir=ckpt.directory, step=int(jax.device_get(state.step)),
         total_steps=total, train_loss=last_metrics.get("loss"), eval_loss=last_eval["loss"] if last_eval else None,
         eval_perplexity=last_eval["perplexity"] if last_eval else None, unigram_eval_loss=unigram,
         tokens_per_s=logger.tokens_per_s, seconds=time.perf_counter() - t0, metrics_path=logger.path,
@@ -345,33 +344,28 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
     return run(cfg).to_dict()
 
 
-def load_trained_model(workdir: str, *, mesh=None, merge: bool = True, params: str = "params"):
-    """The model a finished run in `workdir` produced: the trained full model, or base + adapter.
+def export_model(cfg: TrainConfig, model, step: int, workdir: str) -> str:
+    """Write the trained `model` to `workdir/model` (a model checkpoint with the tokenizer beside it): in LoRA
+    mode on top of `init_checkpoint` the adapter and a reference to that base, otherwise every parameter."""
+    from memllm_jax.checkpoint import save_params
+    from memllm_jax.sources import base_reference
+
+    base = None
+    if cfg.mode == "lora" and cfg.init_checkpoint:
+        base = base_reference(cfg.init_checkpoint, model.cfg.vocab_size)
+    directory = os.path.join(workdir, "model")
+    save_params(directory, step, model, base=base, tokenizer=cfg.tokenizer)
+    return directory
+
+
+def load_trained_model(workdir: str, *, mesh=None, merge: bool = True, step: int | None = None):
+    """The model a finished run in `workdir` produced: the trained full model, or base + adapter (runs from
+    before `workdir/model` existed are read from `workdir/params`).
 
     With `merge` (default) a LoRA run's adapter is folded into the base and a plain model (no adapter
-    modules) is returned; otherwise the model keeps its `lora` submodules with the trained adapter. `params`:
-    the exported parameters to load (`params`, the final ones, or `params_step<N>`, see `export_steps`).
+    modules) is returned; otherwise the model keeps its `lora` submodules with the trained adapter. `step`: an
+    earlier export of the run (`TrainConfig.export_steps`; None = the final model).
     """
-    from flax import nnx
+    from memllm_jax.sources import open_model
 
-    from memllm_jax.model.lora import BASE_PARAMS, merge_lora
-    from memllm_jax.sharding import make_mesh
-
-    with open(os.path.join(workdir, "train_config.json")) as f:
-        cfg = config_from_json(json.load(f))
-    params_dir = os.path.join(workdir, params)
-    if not os.path.isdir(params_dir):
-        raise FileNotFoundError(f"{params_dir} does not exist (the run in {workdir} has not finished)")
-    mesh = mesh if mesh is not None else make_mesh(MeshConfig(), jax.devices()[:1])
-    cfg = dataclasses.replace(cfg, mesh=MeshConfig(*mesh.devices.shape))
-    vocab = _load_tokenizer(cfg.tokenizer).vocab_size if cfg.init_checkpoint and _is_hf_dir(cfg.init_checkpoint) else None
-    model = build_model(cfg, mesh, vocab)
-    trained = nnx.state(model, S.trainable_filter(cfg.mode))
-    nnx.update(model, load_params(params_dir, _abstract(trained)))
-    if cfg.mode != "lora" or not merge:
-        return model
-    merge_lora(model)
-    base = nnx.state(model, BASE_PARAMS)
-    plain = create_model(model.cfg, None, mesh, cfg.seed)
-    nnx.update(plain, base)
-    return plain
+    return open_model(workdir, merge_lora=merge, mesh=mesh, step=step, say=None)[0]
