@@ -86,8 +86,9 @@ class PipelineConfig:
     """"sequential" (all edits written, then asked) and/or "single" (T = 1)."""
     editing_memory: str = "editing"
     """Retrieval thresholds of the edited memory: "editing" (paper Appendix D: tau_e 0.85, tau_t 0.2, tau_r 0.6,
-    chosen for ZsRE questions whose relation words differ from the stored labels) or "lm" (Table 2's: tau_e =
-    tau_t = 0.7, tau_r = 0.85)."""
+    chosen for ZsRE questions whose relation words differ from the stored labels), "editing_exact" (the same,
+    but a query whose subject and relation names are stored exactly gets only those exact triples:
+    `MemoryConfig.exact_match_priority`) or "lm" (Table 2's: tau_e = tau_t = 0.7, tau_r = 0.85)."""
     scaling_sizes: tuple[int, ...] = (0, 100, 1000, 5000)
     """Distractor triples added to the gold evaluation memory for the scaling curve (empty = skip)."""
     scaling_row: str = "row7"

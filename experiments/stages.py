@@ -274,9 +274,11 @@ def stage_editing(self):
             self.say(f"  editing: skipped records {skipped} of {self.cfg.editing}: empty edit target 'alt'")
     from memllm_jax.config import EDITING_MEMORY, PAPER_MEMORY
 
-    memory_config = {"editing": EDITING_MEMORY, "lm": PAPER_MEMORY}.get(self.cfg.editing_memory)
+    memory_config = {"editing": EDITING_MEMORY, "editing_exact": dataclasses.replace(EDITING_MEMORY, exact_match_priority=True),
+                     "lm": PAPER_MEMORY}.get(self.cfg.editing_memory)
     if memory_config is None:
-        raise InputError(f"PipelineConfig.editing_memory must be 'editing' or 'lm', got {self.cfg.editing_memory!r}")
+        raise InputError(f"PipelineConfig.editing_memory must be 'editing', 'editing_exact' or 'lm', got "
+                         f"{self.cfg.editing_memory!r}")
     res = evaluate_editing(self.model("mw"), self.model("mr"), self.tokenizer(), self.encoder(), records, shots=shots,
                            memory_config=memory_config,
                            regimes=self.cfg.editing_regimes, style=style, late_stopping=self.cfg.write_late_stopping,
