@@ -1,7 +1,9 @@
 """The memory-write LoRA adapter on the pretrained SmolLM2-135M base (loss on the `({MEM_WRITE-->...})` span),
 sized for a 2-core CPU: LoRA r 16 on every linear layer, the API markers' embedding rows trained, whole
 examples packed into rows of 256 tokens. SmolLM2 already copies names from its context, so a few hundred
-examples teach it the call format and the relation labels."""
+examples teach it the call format and the relation labels. Precision / recall against the held-out gold triples
+along one 96-step run (greedy writes, no late stopping): 0.26 / 0.53 at step 24, 0.51 / 0.74 at 48, 0.64 / 0.81
+at 72; more steps keep helping (README, "Memory-write learning curve")."""
 
 from memllm_jax.config import SMOLLM2_135M, LoraConfig
 from memllm_jax.train.config import TrainConfig
@@ -22,7 +24,7 @@ def get_config() -> TrainConfig:
         packing="pack_examples",
         buckets=(128, 256),
         global_batch=8,
-        steps=48,
+        steps=96,
         epochs=None,
         lr=1e-3,
         warmup_steps=3,
@@ -40,7 +42,7 @@ def get_config() -> TrainConfig:
 
 
 def sweep(add) -> None:
-    for steps in (15, 30, 60):
+    for steps in (48, 96, 144):
         add(f"steps{steps}", f"steps={steps}")
     for lr in (3e-4, 1e-3, 2e-3):
         add(f"lr{lr:g}", f"lr={lr}")
