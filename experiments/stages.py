@@ -272,12 +272,11 @@ def stage_editing(self):
         records, shots, style = load_zsre(self.cfg.editing, self.cfg.n_edits, skipped), ZSRE_SHOTS, "qa"
         if skipped:
             self.say(f"  editing: skipped records {skipped} of {self.cfg.editing}: empty edit target 'alt'")
-    from memllm_jax.config import EDITING_MEMORY, PAPER_MEMORY
+    from memllm_jax.config import MEMORY_PRESETS
 
-    memory_config = {"editing": EDITING_MEMORY, "editing_exact": dataclasses.replace(EDITING_MEMORY, exact_match_priority=True),
-                     "lm": PAPER_MEMORY}.get(self.cfg.editing_memory)
+    memory_config = MEMORY_PRESETS.get(self.cfg.editing_memory)
     if memory_config is None:
-        raise InputError(f"PipelineConfig.editing_memory must be 'editing', 'editing_exact' or 'lm', got "
+        raise InputError(f"PipelineConfig.editing_memory must be one of {sorted(MEMORY_PRESETS)}, got "
                          f"{self.cfg.editing_memory!r}")
     res = evaluate_editing(self.model("mw"), self.model("mr"), self.tokenizer(), self.encoder(), records, shots=shots,
                            memory_config=memory_config,

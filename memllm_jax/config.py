@@ -259,3 +259,11 @@ PAPER_MEMORY = MemoryConfig()
 
 EDITING_MEMORY = MemoryConfig(tau_entity=0.85, tau_relation=0.2, tau_result=0.6, exact_match_priority=False)
 """Knowledge-editing thresholds (Appendix D): tau_e = 0.85, tau_t = 0.2, tau_r = 0.6."""
+
+MEMORY_PRESETS: dict[str, MemoryConfig] = {
+    "lm": PAPER_MEMORY,
+    "editing": EDITING_MEMORY,
+    "editing_exact": dataclasses.replace(EDITING_MEMORY, exact_match_priority=True),
+}
+"""Retrieval settings by name (`PipelineConfig.editing_memory`); "editing_exact" is Appendix D's thresholds with
+exact subject and relation names answered by their exact triples only."""
