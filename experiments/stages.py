@@ -160,7 +160,9 @@ def stage_memory(self):
         if finished:
             self.say(f"  memory write: {stats.documents} documents, {stats.sentences} sentences, {stats.triples} triples")
 
-    st = write_corpus(mw, tok, mem, eval_docs, on_batch=on_batch, late_stopping=self.cfg.write_late_stopping)
+    budget = dict(late_stopping=self.cfg.write_late_stopping, max_new_tokens=self.cfg.write_max_new_tokens,
+                  batch_size=self.cfg.write_batch)
+    st = write_corpus(mw, tok, mem, eval_docs, on_batch=on_batch, **budget)
     mem.save(self.out / "memory" / "mw_eval")
     info["mw_eval"] = {"sentences": st.sentences, "triples": st.triples, "malformed": st.malformed,
                        "no_cut": st.no_cut, **{k: v for k, v in mem.stats().items() if isinstance(v, (int, float))},
@@ -171,7 +173,7 @@ def stage_memory(self):
         big = TripleMemory.open(self.out / "memory" / "mw_eval", enc)  # the outside corpus plus the evaluation one
         # row ② holds a quarter of the outside documents, row ① all of them: write the quarter, save, go on
         for name, docs in (("mw_outside_small", outside[:quarter]), ("mw_outside_large", outside[quarter:])):
-            write_corpus(mw, tok, big, docs, late_stopping=self.cfg.write_late_stopping)
+            write_corpus(mw, tok, big, docs, on_batch=on_batch, **budget)
             big.save(self.out / "memory" / name)
             info[name] = big.stats()["triples"]
     _atomic_json(self.out / "results" / "memory.json", info)

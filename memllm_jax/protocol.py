@@ -272,6 +272,10 @@ def parse_entities(body: str) -> list[str]:
     return [unescape_text(e).strip() for e in _split_unescaped(body, ITEM_SEP) if e.strip()]
 
 
+TRUNCATION_NOTES = ("unfinished last item dropped", "call not closed (truncated)")
+"""How `parse_write_call` reports a call cut by a token budget (its closed items are kept)."""
+
+
 def parse_write_call(text: str) -> Parsed:
     """Parse the first write call in `text` (model output). Never raises."""
     try:
@@ -280,9 +284,11 @@ def parse_write_call(text: str) -> Parsed:
             return Parsed((), ("no memory-write call found",), complete=False)
         body_start = start + len(MEM_WRITE)
         end = _find_unescaped(text, CALL_END, body_start)
-        if end < 0:
-            partial = parse_triples(text[body_start:])
-            return Parsed(partial.items, partial.errors + ("call not closed (truncated)",), complete=False)
+        if end < 0:  # cut by a token budget: keep the items closed by `;`, drop the unfinished last one
+            *closed, unfinished = _split_unescaped(text[body_start:], ITEM_SEP)
+            partial = parse_triples(ITEM_SEP.join(closed))
+            dropped = (f"{TRUNCATION_NOTES[0]}: {unfinished!r}",) if unfinished.strip() else ()
+            return Parsed(partial.items, partial.errors + dropped + (TRUNCATION_NOTES[1],), complete=False)
         return parse_triples(text[body_start:end])
     except Exception as exc:  # noqa: BLE001
         return Parsed((), (f"internal parser error: {exc!r}",), complete=False)

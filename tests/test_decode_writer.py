@@ -111,6 +111,24 @@ def test_write_corpus_cuts_at_best_point_and_records_provenance():
     assert stats.tokens > 6 * len("a>>r>>b")
 
 
+def endless_policy(ctx):
+    """After `({MEM_WRITE-->`: `a>>r>>b;c>>r>>d;a>>r>>b;...`, never a closing token."""
+    if TOK.marker_id[protocol.MEM_WRITE] not in ctx:
+        return [TOK.eos_id]
+    body = TOK.decode(ctx[ctx.index(TOK.marker_id[protocol.MEM_WRITE]) + 1:])
+    return TOK.encode(("a>>r>>b;c>>r>>d;" * 8)[len(body)])
+
+
+def test_call_cut_by_the_budget_writes_its_closed_items_only():
+    mem = RecordingMemory()
+    model = PolicyModel(endless_policy, TOK.vocab_size)
+    stats = write_corpus(model, TOK, mem, [("d1", ["A sentence."])], batch_size=1, max_new_tokens=12,
+                         make_cache=model.make_cache, late_stopping=False)
+    # 12 tokens: `a>>r>>b;c>>r` - the unfinished `c>>r` is dropped, not written as a triple
+    assert stats.no_cut == 1 and stats.malformed == 0
+    assert mem.added == [([protocol.Triple("a", "r", "b")], "d1/0")]
+
+
 def test_marker_strings_in_documents_never_form_markers():
     from memllm_jax.decode.writer import WriteDocument, iter_write_prompts
 

@@ -136,3 +136,29 @@ def test_trainable_tokens_rows():
     np.testing.assert_allclose(fwd(model), before, atol=1e-5)
     with pytest.raises(ValueError, match="trainable_tokens"):
         Mistral(CFG, dataclasses.replace(LORA, trainable_tokens=(CFG.vocab_size,)), rngs=nnx.Rngs(0))
+
+
+def test_tied_head_scores_trained_rows_as_merged():
+    """A tied head adds `x @ delta^T` in the trained ids' columns: the logits and the gradient of `delta` equal
+    those of the merged embedding `embed.at[ids].set(embed[ids] + delta)` used as the head."""
+    cfg = dataclasses.replace(CFG, tie_embeddings=True)
+    model = Mistral(cfg, dataclasses.replace(LORA, trainable_tokens=(5, 9, 100)), rngs=nnx.Rngs(1))
+    model.token_lora.delta[...] = jnp.asarray(np.random.default_rng(2).standard_normal((3, cfg.d_model)), jnp.float32)
+    x_BxLxD = jnp.asarray(np.random.default_rng(3).standard_normal((2, 4, cfg.d_model)), jnp.float32)
+    embed = model.embed[...]
+    target_BxLxV = jnp.asarray(np.random.default_rng(4).standard_normal((2, 4, cfg.vocab_size)), jnp.float32)
+
+    def via_columns(token_lora):
+        return jnp.sum(target_BxLxV * token_lora.add_head_scores(x_BxLxD, x_BxLxD @ embed.T))
+
+    def via_merged(token_lora):
+        return jnp.sum(target_BxLxV * (x_BxLxD @ token_lora.merged_embedding(embed).T))
+
+    wrt_delta = nnx.DiffState(0, nnx.LoRAParam)
+    np.testing.assert_allclose(via_columns(model.token_lora), via_merged(model.token_lora), rtol=1e-5)
+    grads = [nnx.grad(f, argnums=wrt_delta)(model.token_lora).delta[...] for f in (via_columns, via_merged)]
+    np.testing.assert_allclose(*grads, rtol=1e-4, atol=1e-4)
+    assert float(jnp.abs(grads[0]).max()) > 0
+    before = fwd(model)
+    merge_lora(model)
+    np.testing.assert_allclose(fwd(model), before, atol=1e-4)

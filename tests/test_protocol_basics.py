@@ -22,3 +22,12 @@ def test_truncated_and_malformed_never_raise():
     assert not P.parse_write_call("({MEM_WRITE-->a>>b").complete
     assert P.parse_read_call("({MEM_READ(a>>b>>c)-->").errors
     assert P.parse_read_call("garbage").errors
+
+
+def test_truncated_write_keeps_only_items_closed_by_separator():
+    cut = P.parse_write_call("({MEM_WRITE-->Loud Tour>>performer>>Rihanna;Rihanna>>country of citizenship>>Barb")
+    assert cut.items == (P.Triple("Loud Tour", "performer", "Rihanna"),) and not cut.complete
+    assert any(e.startswith(P.TRUNCATION_NOTES[0]) for e in cut.errors)
+    whole_items = P.parse_write_call("({MEM_WRITE-->a>>r>>b;c>>r>>d;")
+    assert whole_items.items == (P.Triple("a", "r", "b"), P.Triple("c", "r", "d")) and not whole_items.complete
+    assert P.parse_write_call("({MEM_WRITE-->a>>r>>b").items == ()  # the only item is unfinished

@@ -15,13 +15,16 @@ SHARED = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
 
 def get_config() -> PipelineConfig:
     return PipelineConfig(name="smollm2_redocred", corpus=str(SHARED / "redocred" / "test_revised.json"),
-                          labels=str(SHARED / "docred" / "rel_info.json"), eval_docs=50, outside_docs=100,
+                          labels=str(SHARED / "docred" / "rel_info.json"), eval_docs=50, outside_docs=50,
                           base_model="smollm2-135m", mw_config="mw_smollm2", mr_config="mr_smollm2",
                           train_overrides=("mw.seq_len=512", "mr.seq_len=512", "mw.buckets=(256, 512)",
-                                           "mr.buckets=(256, 512)", "mw.steps=60", "mr.steps=60"),
+                                           "mr.buckets=(256, 512)", "mw.steps=40", "mr.steps=30"),
                           editing=str(SHARED / "zsre" / "zsre_dev200.json"), n_edits=198,
                           scaling_sizes=(0, 1000, 10000), growth_checkpoints=(100, 1000, 3000, 10000),
-                          parallel_adapters=False)
+                          rows=("baseline1", "baseline2", "row1", "row2", "row3", "row4", "row5", "row6", "row7",
+                                "row8", "row9"),
+                          parallel_adapters=False, write_late_stopping=False, write_max_new_tokens=192,
+                          editing_memory="editing_exact")
 
 
 def sweep(add) -> None:

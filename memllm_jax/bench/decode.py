@@ -42,7 +42,9 @@ def build(cfg_kwargs: dict, seed: int = 0):
 
     extra = WORDS + ["Rome>>", "capital of>>", "Italy", "Ada>>", "born in>>", "London", "USER"]
     tok = CharTokenizer(extra=extra)
-    cfg = ModelConfig(vocab_size=max(256, tok.vocab_size), sliding_window=None, **cfg_kwargs)
+    cfg_kwargs = dict(cfg_kwargs)
+    vocab = max(cfg_kwargs.pop("vocab_size", 256), tok.vocab_size)  # a preset's vocabulary: its head's cost
+    cfg = ModelConfig(vocab_size=vocab, sliding_window=None, tie_embeddings=False, **cfg_kwargs)
     model = Mistral(cfg, rngs=nnx.Rngs(seed))
     rng = np.random.default_rng(seed)
     D, V = cfg.d_model, cfg.vocab_size
@@ -145,11 +147,28 @@ def torch_original(hf_model, tok, memory, prompt_ids, max_new_tokens):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--preset", default=None,
+                        help="take the model's shape from a preset (memllm_jax.config.PRESETS, e.g. smollm2_135m: "
+                             "its layers, widths, heads and vocabulary) instead of --d-model / --layers")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sentences", type=int, default=32, help="sentences in the write benchmark")
     parser.add_argument("--part", choices=("all", "read", "write"), default="all")
+
+
+def model_shape(args: argparse.Namespace) -> dict:
+    """ModelConfig fields of the benchmarked model: a preset's shape, or a small Mistral of --d-model / --layers."""
+    if args.preset:
+        from memllm_jax.config import PRESETS
+
+        p = PRESETS[args.preset]
+        return dict(d_model=p.d_model, n_layers=p.n_layers, n_heads=p.n_heads, n_kv_heads=p.n_kv_heads,
+                    head_dim=p.head_dim, d_ff=p.d_ff, rope_theta=p.rope_theta, norm_eps=p.norm_eps,
+                    vocab_size=p.vocab_size, max_seq_len=1024)
+    D = args.d_model
+    return dict(d_model=D, n_layers=args.layers, n_heads=8, n_kv_heads=4, head_dim=D // 8, d_ff=3 * D,
+                max_seq_len=1024)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -161,9 +180,8 @@ def main(args: argparse.Namespace) -> int:
     from memllm_jax.decode.writer import decode_writes, iter_write_prompts, write_corpus, WriteDocument
     from memllm_jax.model.hf import save_hf
 
-    D = args.d_model
-    model, tok = build(dict(d_model=D, n_layers=args.layers, n_heads=8, n_kv_heads=4, head_dim=D // 8,
-                            d_ff=3 * D, max_seq_len=1024))
+    model, tok = build(model_shape(args))
+    D, n_layers = model.cfg.d_model, model.cfg.n_layers
     memory = DictMemory({("Rome", "capital of", None): ["Italy"]})
     with tempfile.TemporaryDirectory() as d:
         save_hf(model, d)
@@ -225,7 +243,8 @@ def main(args: argparse.Namespace) -> int:
                           (f"ours batch {args.batch}", f"ours_b{args.batch}")):
             tps = counts[key][0] / t[name].median
             rows.append([f"read: {name}", f"{tps:,.0f} tokens/s", f"±{t[name].spread:.0%}", f"{tps / base:.1f}x"])
-        notes.append(f"model: d_model={D}, layers={args.layers}; {N} new tokens per sequence; calls per sequence "
+        notes.append(f"model: {args.preset or 'custom'} shape, d_model={D}, layers={n_layers}, vocabulary "
+                     f"{model.cfg.vocab_size:,} (untied head); {N} new tokens per sequence; calls per sequence "
                      f"(ours b{args.batch}, row 0): {len(calls)}; ours == original tokens: {same}")
     if args.part == "read":
         print("\n".join(notes))

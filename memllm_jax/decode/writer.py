@@ -196,7 +196,8 @@ class WriteStats:
     malformed: int = 0
     """Items of the calls that did not parse."""
     no_cut: int = 0
-    """Sentences whose call never reached a closing token (nothing written)."""
+    """Sentences whose call never reached a closing token within the token budget (only the call's items closed
+    by `;` are written)."""
     tokens: int = 0
     """Tokens generated, including those after the chosen cut."""
 
@@ -227,13 +228,11 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
             for (doc_id, source, _), out in zip(batch, outs):
                 stats.sentences += 1
                 stats.tokens += out["n_generated"]
-                if out["cut"] < 0:
-                    stats.no_cut += 1
-                else:
-                    parsed = protocol.parse_write_call(out["text"])
-                    stats.malformed += len(parsed.errors)
-                    if parsed.items:
-                        stats.triples += _add_untrusted(memory, list(parsed.items), source)
+                parsed = protocol.parse_write_call(out["text"])  # an unclosed call keeps its items closed by `;`
+                stats.no_cut += out["cut"] < 0
+                stats.malformed += sum(not e.startswith(protocol.TRUNCATION_NOTES) for e in parsed.errors)
+                if parsed.items:
+                    stats.triples += _add_untrusted(memory, list(parsed.items), source)
                 remaining[doc_id] -= 1
                 if remaining[doc_id] == 0:
                     finished.append(doc_id)

@@ -155,7 +155,7 @@ def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord], *, 
     for i in range(0, len(prompts), batch_size):
         res = decode_writes(write_model, tok, prompts[i:i + batch_size], max_new_tokens=max_new_tokens,
                             pad_to=batch_size, late_stopping=late_stopping)
-        out += [list(protocol.parse_write_call(r["text"]).items) if r["cut"] >= 0 else [] for r in res]
+        out += [list(protocol.parse_write_call(r["text"]).items) for r in res]  # unclosed: items closed by `;`
     return out
 
 

@@ -93,6 +93,15 @@ class TokenLoRA(nnx.Module):
         onehot_BxLxT = (tokens_BxL[..., None] == jnp.asarray(self.token_ids, tokens_BxL.dtype)).astype(x_BxLxD.dtype)
         return x_BxLxD + jnp.einsum("BLT,TD->BLD", onehot_BxLxT, self.delta[...].astype(x_BxLxD.dtype))
 
+    def add_head_scores(self, x_BxLxD: jax.Array, logits_BxLxV: jax.Array) -> jax.Array:
+        """A tied head's logits with the trained rows: `x @ (embed + delta)^T` = `x @ embed^T` plus `x @ delta^T`
+        in the trained ids' columns. Written this way, the gradient of `delta` costs T columns, not a full
+        vocabulary-by-d_model product through a merged embedding."""
+        ids = jnp.asarray(self.token_ids)
+        extra_BxLxT = jnp.einsum("BLD,TD->BLT", x_BxLxD, self.delta[...].astype(x_BxLxD.dtype),
+                                 preferred_element_type=jnp.float32)
+        return logits_BxLxV.at[..., ids].add(extra_BxLxT.astype(logits_BxLxV.dtype))
+
     def merged_embedding(self, embed_VxD: jax.Array) -> jax.Array:
         ids = jnp.asarray(self.token_ids)
         rows = embed_VxD[ids].astype(jnp.float32) + self.delta[...].astype(jnp.float32)

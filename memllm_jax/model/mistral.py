@@ -382,9 +382,10 @@ class Mistral(nnx.Module):
             x_BxLxD, k_all, v_all = self._loop_blocks(x_BxLxD, cos, sin, mask_BxLxS, cache, write_BxL, deterministic)
         x_BxLxD = self.final_norm(x_BxLxD)
         if self.lm_head is None:
-            # Tied head: trained token rows (e.g. the API markers) must score as they embed, as after merge_lora.
-            embed_VxD = self.embed[...] if self.token_lora is None else self.token_lora.merged_embedding(self.embed[...])
-            logits = jnp.einsum("BLD,VD->BLV", x_BxLxD, embed_VxD.astype(compute), preferred_element_type=jnp.float32)
+            logits = jnp.einsum("BLD,VD->BLV", x_BxLxD, self.embed[...].astype(compute),
+                                preferred_element_type=jnp.float32)
+            if self.token_lora is not None:  # trained rows score as they embed, as after merge_lora
+                logits = self.token_lora.add_head_scores(x_BxLxD, logits)
         else:
             logits = self.lm_head(x_BxLxD, deterministic, out_dtype=jnp.float32)
         logits_BxLxV = constrain(logits.astype(jnp.float32), ("batch", "seq", "vocab"))
