@@ -26,6 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--dropout", type=float, default=0.1)
+    parser.add_argument("--trainable-tokens", type=int, default=0,
+                        help="also train this many embedding rows (the last ids, as for API markers appended to a "
+                             "pretrained vocabulary; 10 in the memory-write / memory-read configs): ours "
+                             "LoraConfig.trainable_tokens, PEFT trainable_token_indices")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--matmul-sizes", default="512,1024,2048", help="sizes n of the n x n x n ceiling matmuls")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = os.cpu_count())")
@@ -94,7 +98,8 @@ def hf_peft(cfg, lora_cfg, tcfg, batch):
     names = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
              "down": "down_proj", "lm_head": "lm_head"}
     peft_cfg = PeftLora(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
-                        target_modules=[names[t] for t in lora_cfg.targets], bias="none")
+                        target_modules=[names[t] for t in lora_cfg.targets], bias="none",
+                        trainable_token_indices=list(lora_cfg.trainable_tokens) or None)
     model = get_peft_model(model, peft_cfg)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -126,7 +131,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = dataclasses.replace(PRESETS[args.preset], max_seq_len=max(args.seq_len, PRESETS[args.preset].max_seq_len))
     if cfg.d_model < 512:
         print(f"note: preset {args.preset} has d_model {cfg.d_model} < 512")
-    lora_cfg = LoraConfig(rank=args.rank, alpha=8.0, dropout=args.dropout)
+    lora_cfg = LoraConfig(rank=args.rank, alpha=8.0, dropout=args.dropout,
+                          trainable_tokens=tuple(range(cfg.vocab_size - args.trainable_tokens, cfg.vocab_size)))
     tcfg = TrainConfig(train_data=("-",), tokenizer="-", lr=1e-4, weight_decay=0.0, clip_norm=1.0)
     batch = _batch(cfg, args.batch, args.seq_len)
     contenders = {"memllm_jax": ours(cfg, lora_cfg, tcfg, batch)}
@@ -147,6 +153,7 @@ def main(args: argparse.Namespace) -> int:
                  f"{best.seconds * 1e3:.2f} (best)", "-", f"{best.flops / 1e9:.1f}", "100%"])
     print(f"LoRA train step: preset {args.preset} (d_model {cfg.d_model}, {cfg.n_layers} layers, vocab "
           f"{cfg.vocab_size}), LoRA r={args.rank} on {','.join(lora_cfg.targets)}, dropout {args.dropout}, "
+          f"{args.trainable_tokens} trainable embedding rows, "
           f"batch {args.batch} x {args.seq_len} tokens, {cfg.compute_dtype}, {flops / 1e9:.1f} GFLOP/step; median of {args.repeats}")
     print(markdown_table(["contender", "ms/step", "tokens/s", "GFLOP/s", "of matmul ceiling"], rows))
     if "hf+peft" in t:
