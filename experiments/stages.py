@@ -142,45 +142,81 @@ def stage_mr(self):
     return _train(self, "mr", self.cfg.mr_config, "read.jsonl", _base(self))
 
 
-def stage_memory(self):
-    from data_gen.gold_memory import fill_memory
-    from memllm_jax.decode.writer import write_corpus
+def _write_budget(self) -> dict:
+    return dict(late_stopping=self.cfg.write_late_stopping, max_new_tokens=self.cfg.write_max_new_tokens,
+                batch_size=self.cfg.write_batch)
+
+
+def _write_eval(self, mw, eval_docs, on_batch=None):
+    """The memory-write model `mw` writes the evaluation documents into a new memory: `(memory, info)`, info with
+    the write statistics and the agreement with the documents' gold triples (precision / recall / F1)."""
     from data_gen.gold_memory import gold_triples
+    from memllm_jax.decode.writer import write_corpus
     from memllm_jax.eval.write_quality import write_agreement
     from memllm_jax.memory import TripleMemory
 
-    tok, enc, mw, info = self.tokenizer(), self.encoder(), self.model("mw"), {}
+    mem = TripleMemory(self.encoder())
+    st = write_corpus(mw, self.tokenizer(), mem, eval_docs, on_batch=on_batch, **_write_budget(self))
+    info = {"sentences": st.sentences, "triples": st.triples, "malformed": st.malformed, "no_cut": st.no_cut,
+            **{k: v for k, v in mem.stats().items() if isinstance(v, (int, float))},
+            **write_agreement(mem.records(), [t for d in eval_docs for t in gold_triples(d)])}
+    return mem, info
+
+
+def stage_memory(self):
+    from data_gen.gold_memory import fill_memory
+    from memllm_jax.decode.writer import write_corpus
+    from memllm_jax.memory import TripleMemory
+
+    enc, mw, info = self.encoder(), self.model("mw"), {}
     eval_docs = _documents(self, "eval")
     gold = TripleMemory(enc)
     info["gold_triples"] = fill_memory(gold, eval_docs)
     gold.save(self.out / "memory" / "gold")
-    mem = TripleMemory(enc)
 
     def on_batch(stats, finished):
         if finished:
             self.say(f"  memory write: {stats.documents} documents, {stats.sentences} sentences, {stats.triples} triples")
 
-    budget = dict(late_stopping=self.cfg.write_late_stopping, max_new_tokens=self.cfg.write_max_new_tokens,
-                  batch_size=self.cfg.write_batch)
-    st = write_corpus(mw, tok, mem, eval_docs, on_batch=on_batch, **budget)
+    mem, info["mw_eval"] = _write_eval(self, mw, eval_docs, on_batch)
     mem.save(self.out / "memory" / "mw_eval")
-    info["mw_eval"] = {"sentences": st.sentences, "triples": st.triples, "malformed": st.malformed,
-                       "no_cut": st.no_cut, **{k: v for k, v in mem.stats().items() if isinstance(v, (int, float))},
-                       **write_agreement(mem.records(), [t for d in eval_docs for t in gold_triples(d)])}
     if self.cfg.outside_docs:
         outside = _documents(self, "outside")
         quarter = max(1, len(outside) // 4)
         big = TripleMemory.open(self.out / "memory" / "mw_eval", enc)  # the outside corpus plus the evaluation one
         # row ② holds a quarter of the outside documents, row ① all of them: write the quarter, save, go on
         for name, docs in (("mw_outside_small", outside[:quarter]), ("mw_outside_large", outside[quarter:])):
-            write_corpus(mw, tok, big, docs, on_batch=on_batch, **budget)
+            write_corpus(mw, self.tokenizer(), big, docs, on_batch=on_batch, **_write_budget(self))
             big.save(self.out / "memory" / name)
             info[name] = big.stats()["triples"]
     _atomic_json(self.out / "results" / "memory.json", info)
     agree = info["mw_eval"]
-    self.say(f"  gold memory: {info['gold_triples']} triples; MW memory: {st.triples} triples written, "
+    self.say(f"  gold memory: {info['gold_triples']} triples; MW memory: {agree['triples']} triples written, "
              f"precision {agree['precision']:.2f} recall {agree['recall']:.2f} against the gold triples")
     return info
+
+
+CURVE_FIELDS = ("precision", "recall", "f1", "correct", "written_unique", "gold_unique", "sentences", "no_cut")
+
+
+def _mw_curve(self, final: dict) -> list[dict]:
+    """The memory-write learning curve: each earlier export of the MW adapter (`mw.export_steps`) writes the
+    evaluation documents as the memory stage does; the final model's point is the memory stage's own."""
+    from memllm_jax.checkpoint import stored_steps
+    from memllm_jax.sources import open_model
+
+    model_dir = self.out / "train" / "mw" / "model"
+    steps = stored_steps(model_dir) if model_dir.is_dir() else []
+    points = []
+    for step in steps[:-1]:
+        mw = self._fit_context(open_model(str(self.out / "train" / "mw"), vocab_size=self.tokenizer().vocab_size,
+                                          step=step)[0], "mw")
+        _, info = _write_eval(self, mw, _documents(self, "eval"))
+        points.append({"step": step, **{k: info[k] for k in CURVE_FIELDS}})
+        self.say(f"  mw step {step}: precision {info['precision']:.2f} recall {info['recall']:.2f} f1 {info['f1']:.2f}")
+    if steps:
+        points.append({"step": steps[-1], **{k: final.get(k) for k in CURVE_FIELDS}})
+    return points
 
 
 def stage_diagnostics(self):
@@ -204,6 +240,7 @@ def stage_diagnostics(self):
     memory = json.loads((self.out / "results" / "memory.json").read_text())
     info["mw_against_gold"] = {k: memory["mw_eval"][k] for k in ("precision", "recall", "f1", "correct",
                                                                   "written_unique", "gold_unique")}
+    info["mw_curve"] = _mw_curve(self, memory["mw_eval"])
     _atomic_json(self.out / "results" / "diagnostics.json", info)
     self.say(f"  mw: {info['mw_names_in_eval_text']['fraction']:.2f} of written names occur in the evaluation text")
     return {}

@@ -88,6 +88,14 @@ def diagnostics_markdown(corpus: Mapping | None, diagnostics: Mapping | None) ->
                       f"| {g['written_unique']} | {g['gold_unique']} | {g['correct']} | {g['precision']:.3f} | "
                       f"{g['recall']:.3f} | {g['f1']:.3f} | "
                       f"{diagnostics.get('mw_names_in_eval_text', {}).get('fraction', float('nan')):.3f} |", ""]
+        curve = diagnostics.get("mw_curve", [])
+        if len(curve) > 1:
+            lines += ["**Memory-write learning curve** — the adapter's exports (`mw.export_steps`) writing the same "
+                      "evaluation documents", "", "| step | precision | recall | F1 | written (unique) | calls cut by the budget |",
+                      "|---|---|---|---|---|---|"]
+            lines += [f"| {p['step']} | {p['precision']:.3f} | {p['recall']:.3f} | {p['f1']:.3f} | {p['written_unique']} | "
+                      f"{p['no_cut'] if p.get('no_cut') is not None else '-'} of {p['sentences']} |" for p in curve]
+            lines.append("")
         lines += ["**Copy probe** — teacher-forced, on the API calls of held-out write / read examples (names never "
                   "seen in training): loss (nats/token) and top-1 accuracy by field, and names reproduced exactly", "",
                   "| model | name loss | name acc. | relation loss | relation acc. | markup loss | names exact |",

@@ -139,6 +139,14 @@ def read_configs(directory: str | os.PathLike, step: int | None = None) -> tuple
     return s.model, s.lora, s.step
 
 
+def stored_steps(directory: str | os.PathLike) -> list[int]:
+    """The steps a checkpoint directory holds, ascending (e.g. a training run's exports and its final step)."""
+    manager = _manager(directory, read_only=True)
+    steps = sorted(manager.all_steps())
+    manager.close()
+    return steps
+
+
 def _resolve_step(manager, directory, step):
     steps = manager.all_steps()
     if not steps:

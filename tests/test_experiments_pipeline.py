@@ -130,3 +130,38 @@ def test_pretrained_base_brings_its_tokenizer_and_skips_pretraining(tmp_path, mo
     assert sum(i in tok.marker_ids for i in ids) == 2 and tok.decode(ids) == "Ann Vu worked for" + call
     assert "  base model: smollm2-135m (no pretraining)" in said
     assert not (tmp_path / "run" / "train" / "pretrain").exists()
+
+
+def test_mw_learning_curve_writes_with_each_export(tmp_path):
+    """The diagnostics' learning curve: each earlier export of the MW adapter writes the evaluation documents
+    (its point equals that export's own writes scored against gold); the last point is the memory stage's."""
+    from data_gen.gold_memory import gold_triples
+    from experiments.stages import _documents, _mw_curve
+    from memllm_jax.config import TINY, MeshConfig
+    from memllm_jax.decode.writer import write_corpus
+    from memllm_jax.eval.write_quality import write_agreement
+    from memllm_jax.memory import TripleMemory, load_encoder
+    from memllm_jax.train import loop
+    from memllm_jax.train.config import TrainConfig
+
+    cfg = PipelineConfig(synth_docs=40, eval_docs=3, vocab_size=400, encoder="hash:32", write_max_new_tokens=12,
+                         write_late_stopping=False)
+    pipe = Pipeline(cfg, tmp_path, lambda _: None)
+    pipe.run(("corpus", "tokenizer"))
+    tok = pipe.tokenizer()
+    loop.run(TrainConfig(name="mw", model=dataclasses.replace(TINY, vocab_size=tok.vocab_size), mode="full",
+                         train_data=(str(tmp_path / "data" / "train" / "write.jsonl"),), tokenizer=str(tmp_path / "tokenizer"),
+                         seq_len=64, packing="pack", global_batch=8, steps=3, lr=3e-3, eval_fraction=0.0,
+                         export_steps=(1,), workdir=str(tmp_path / "train" / "mw"), mesh=MeshConfig(data=-1),
+                         progress=False))
+    final = {"precision": 0.5, "recall": 0.25, "f1": 1 / 3, "correct": 1, "written_unique": 2, "gold_unique": 4,
+             "sentences": 9, "no_cut": 0}
+    curve = _mw_curve(pipe, final)
+    assert [p["step"] for p in curve] == [1, 3] and curve[1] == {"step": 3, **final}
+    docs = _documents(pipe, "eval")
+    mem = TripleMemory(load_encoder("hash:32"))
+    st = write_corpus(loop.load_trained_model(str(tmp_path / "train" / "mw"), step=1), tok, mem, docs, batch_size=16,
+                      max_new_tokens=12, late_stopping=False)
+    expect = write_agreement(mem.records(), [t for d in docs for t in gold_triples(d)])
+    assert curve[0]["sentences"] == st.sentences > 0
+    assert {k: curve[0][k] for k in expect if k in curve[0]} == {k: v for k, v in expect.items() if k in curve[0]}
