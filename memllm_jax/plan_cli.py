@@ -118,8 +118,8 @@ def plan_train(cfg, lora, mesh, batch: int, seq_len: int, micro_batches: int = 1
     frozen = _abstract(split.frozen, state_shardings(split.frozen, mesh))
     shape = (micro_batches, batch // micro_batches, seq_len)
     dtypes = {"loss_mask": jnp.bool_, "attn_mask": jnp.bool_}
-    sh = S.batch_shardings(mesh)
-    batch_in = {k: jax.ShapeDtypeStruct(shape, dtypes.get(k, jnp.int32), sharding=sh[k]) for k in S.BATCH_FIELDS}
+    sh = S.batch_sharding(mesh)
+    batch_in = {k: jax.ShapeDtypeStruct(shape, dtypes.get(k, jnp.int32), sharding=sh) for k in S.BATCH_FIELDS}
     step = S.make_train_step(split, tx, mesh, shardings)
     with jax.set_mesh(mesh):
         return _plan("train step", step.jitted, train_state, frozen, batch_in)

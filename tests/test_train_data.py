@@ -177,3 +177,28 @@ def test_long_documents_are_windowed_for_evaluation_and_kept_whole_for_packing(t
     assert np.concatenate([windows[0].ids] + [w.ids[1:] for w in windows[1:]]).tolist() == ex.ids.tolist()
     with pytest.raises(ValueError, match="no usable"):
         D.load_corpus([path], tok, seq_len=32)  # truncation cannot keep a whole-document loss span
+
+
+@pytest.mark.parametrize("packing", ["pad", "pack", "pack_examples"])
+def test_head_positions_select_every_loss_token_once(tok, tmp_path, packing):
+    """`head_groups`: each group of rows lists its loss positions; every process computes the same capacity
+    (from the global batch), and the gathered targets are exactly the loss tokens' targets."""
+    corpus = D.load_corpus([write_jsonl(tmp_path / "w.jsonl", write_records(60))], tok, seq_len=64)
+    planner = D.Planner(corpus, seq_len=64, global_batch=8, packing=packing, seed=0)
+    for k in range(3):
+        plan = planner.plan(k)
+        whole = D.materialize(plan, corpus, pad_id=tok.pad_id, micro_batches=2, head_groups=2)
+        M, R, L = whole["loss_mask"].shape
+        assert whole["head_index"].shape[:2] == (2, 2)
+        flat_targets = whole["targets"].reshape(M, 2, -1)
+        for m in range(M):
+            for g in range(2):
+                valid = whole["head_valid"][m, g]
+                got = flat_targets[m, g][whole["head_index"][m, g][valid]]
+                want = flat_targets[m, g][whole["loss_mask"].reshape(M, 2, -1)[m, g]]
+                assert got.tolist() == want.tolist() and len(want) > 0
+        assert whole["head_index"].shape[-1] % (R // 2 * L // 8) == 0  # capacity in eighths of a group
+        parts = [D.materialize(plan, corpus, pad_id=tok.pad_id, micro_batches=2, process_index=p, process_count=2,
+                               head_groups=2) for p in range(2)]
+        for key in ("head_index", "head_valid"):
+            assert np.array_equal(np.concatenate([p[key] for p in parts], axis=1), whole[key])

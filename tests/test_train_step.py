@@ -89,3 +89,49 @@ def test_lora_mode_trains_adapters_only():
     assert b_norm > 0
     assert max_diff(jax.tree.map(np.asarray, split.frozen), frozen_before) == 0
     assert np.isfinite(m["loss"])
+
+
+def with_head_fields(batch, groups):
+    """The batch plus `head_index` / `head_valid` for `groups` groups of rows (`train.data.head_positions`)."""
+    from memllm_jax.train.data import head_positions
+
+    M, R, L = batch["loss_mask"].shape
+    per_group = batch["loss_mask"].reshape(M, groups, -1).sum(-1).max()
+    index, valid = head_positions(batch["loss_mask"], groups, int(per_group) + 3)  # a little padding too
+    return {**batch, "head_index": index, "head_valid": valid}
+
+
+@pytest.mark.parametrize("mesh_shape", [(1, 1, 1), (2, 2, 2)])
+def test_head_at_loss_positions_equals_full_logits(mesh_shape):
+    """`train.step.HEAD_FIELDS`: the LM head at the gathered loss positions gives the full-logits step's loss,
+    gradients and update (LoRA on every target, trained marker rows of the tied head, micro-batches)."""
+    import dataclasses
+
+    tied = dataclasses.replace(TINY, tie_embeddings=True)
+    lora = LoraConfig(rank=4, alpha=8.0, dropout=0.0, trainable_tokens=(3, 7, 11))
+    batch = random_batch(2, 8, 32, seed=7)
+    batch["targets"][..., :4] = 7  # a trained marker row among the targets
+
+    def run(b):
+        devices = jax.devices()[: int(np.prod(mesh_shape))]
+        mesh = make_mesh(MeshConfig(*mesh_shape), devices)
+        split = S.split_model(create_model(tied, lora, mesh, 0), "lora")
+        tx = make_optimizer(CFG, 10)
+        sh = S.train_state_shardings(split, tx, mesh)
+        state, m = S.make_train_step(split, tx, mesh, sh, return_grads=True)(
+            S.init_train_state(split, tx, sh), split.frozen, S.to_global(b, mesh))
+        evaluate = S.make_eval_step(split, mesh, sh)
+        e = evaluate(state.params, state.rngs, split.frozen, S.to_global({k: v[0] for k, v in b.items()}, mesh, micro=False))
+        return jax.tree.map(np.asarray, state.replace(rngs=None)), jax.tree.map(np.asarray, m), [float(x) for x in e]
+
+    dp = mesh_shape[0] * mesh_shape[1]
+    full_state, full_m, full_e = run(batch)
+    sparse_state, sparse_m, sparse_e = run(with_head_fields(batch, dp))
+    assert abs(full_m["loss"] - sparse_m["loss"]) <= 1e-5 and full_m["loss_tokens"] == sparse_m["loss_tokens"]
+    assert max_diff(full_m["grads"], sparse_m["grads"]) <= 1e-5
+    assert max_diff(full_state.params, sparse_state.params) <= 1e-5
+    assert abs(full_e[0] - sparse_e[0]) <= 1e-6 * full_e[0] and full_e[1] == sparse_e[1] == batch["loss_mask"][0].sum()
+    # the gather really selects: a batch whose head positions miss one loss token gives another loss
+    broken = with_head_fields(batch, dp)
+    broken["head_valid"][0, 0, 0] = False
+    assert abs(run(broken)[1]["loss"] - full_m["loss"]) > 1e-4

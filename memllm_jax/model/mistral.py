@@ -340,9 +340,11 @@ class Mistral(nnx.Module):
         cache: KVCache | None = None,
         deterministic: bool = True,
         segment_ids_BxL: jax.Array | None = None,
+        return_hidden: bool = False,
     ) -> tuple[jax.Array, KVCache | None]:
         """`segment_ids_BxL` (no cache only): several examples packed in a row, each with its own positions
-        from 0; a token attends only to earlier tokens of its own segment."""
+        from 0; a token attends only to earlier tokens of its own segment. `return_hidden`: return the final
+        hidden states `x_BxLxD` instead of the logits (for `head` at chosen positions only, e.g. the loss's)."""
         cfg = self.cfg
         B, L = tokens_BxL.shape
         compute = jnp.dtype(cfg.compute_dtype)
@@ -381,17 +383,22 @@ class Mistral(nnx.Module):
         else:
             x_BxLxD, k_all, v_all = self._loop_blocks(x_BxLxD, cos, sin, mask_BxLxS, cache, write_BxL, deterministic)
         x_BxLxD = self.final_norm(x_BxLxD)
+        if cache is not None:
+            cache = KVCache(k_all, v_all, new_lengths_B)
+        if return_hidden:
+            return x_BxLxD, cache
+        return self.head(x_BxLxD, deterministic), cache
+
+    def head(self, x_BxLxD: jax.Array, deterministic: bool = True) -> jax.Array:
+        """Float32 logits `[B, L, V]` of final hidden states (any leading shape `[B, L]`)."""
         if self.lm_head is None:
-            logits = jnp.einsum("BLD,VD->BLV", x_BxLxD, self.embed[...].astype(compute),
+            logits = jnp.einsum("BLD,VD->BLV", x_BxLxD, self.embed[...].astype(jnp.dtype(self.cfg.compute_dtype)),
                                 preferred_element_type=jnp.float32)
             if self.token_lora is not None:  # trained rows score as they embed, as after merge_lora
                 logits = self.token_lora.add_head_scores(x_BxLxD, logits)
         else:
             logits = self.lm_head(x_BxLxD, deterministic, out_dtype=jnp.float32)
-        logits_BxLxV = constrain(logits.astype(jnp.float32), ("batch", "seq", "vocab"))
-        if cache is not None:
-            cache = KVCache(k_all, v_all, new_lengths_B)
-        return logits_BxLxV, cache
+        return constrain(logits.astype(jnp.float32), ("batch", "seq", "vocab"))
 
     def _loop_blocks(self, x_BxLxD, cos, sin, mask_BxLxS, cache, write_BxL, deterministic):
         """The unrolled form: a Python loop over the blocks (static slices of scanned ones). Returns

@@ -89,10 +89,13 @@ class TrainConfig:
     """Save the train state every this many steps (and at the end); 0 = only at the end."""
     keep_checkpoints: int = 2
     """Number of most recent train-state checkpoints kept."""
+    sparse_head: bool = True
+    """Run the LM head (d_model x vocab and its softmax) only at the loss positions of each batch shard
+    (`train.step.HEAD_FIELDS`): the same loss and gradients, less work when the loss covers part of the
+    tokens (API spans); False: logits at every position."""
     export_steps: tuple[int, ...] = ()
     """Steps at which the trained model is also exported, as earlier steps of `<workdir>/model` (a skill metric
     measured along one run gives its learning curve, e.g. memory-write precision against steps)."""
-    """Number of most recent train-state checkpoints kept."""
     async_checkpoint: bool = True
     """Write checkpoints in the background while training continues."""
     resume: bool = True

@@ -331,9 +331,49 @@ class Planner:
         return self._epoch(epoch)[i]
 
 
+def row_loss_counts(plan: BatchPlan, corpus: Corpus) -> np.ndarray:
+    """Loss positions of every row of the global batch `plan`, as `materialize` lays the rows out."""
+    counts = np.zeros(len(plan.rows), np.int64)
+    for r, pieces in enumerate(plan.rows):
+        if pieces and plan.separate:
+            counts[r] = sum(int(corpus.examples[i].loss[a + 1:b].sum()) for i, a, b in pieces)
+        elif pieces:
+            counts[r] = int(np.concatenate([corpus.examples[i].loss[a:b] for i, a, b in pieces])[1:].sum())
+    return counts
+
+
+def head_positions(loss_mask_MxRxL: np.ndarray, groups: int, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """`(head_index, head_valid)`, each `[M, groups, capacity]`: the flat positions of the loss tokens within
+    each group of `R / groups` consecutive rows (row-major over `rows x L`), padded with invalid zeros."""
+    M, R, L = loss_mask_MxRxL.shape
+    flat = loss_mask_MxRxL.reshape(M, groups, R // groups * L)
+    index = np.zeros((M, groups, capacity), np.int32)
+    valid = np.zeros((M, groups, capacity), bool)
+    for m in range(M):
+        for g in range(groups):
+            pos = np.flatnonzero(flat[m, g])
+            if len(pos) > capacity:
+                raise ValueError(f"{len(pos)} loss positions in a group of rows, capacity {capacity}")
+            index[m, g, :len(pos)], valid[m, g, :len(pos)] = pos, True
+    return index, valid
+
+
+def head_capacity(plan: BatchPlan, corpus: Corpus, micro_batches: int, groups: int) -> int:
+    """Positions the LM head keeps per group: the largest group's loss count over the whole global batch (so
+    every process agrees), rounded up to an eighth of a group's `rows x L` slots: few distinct shapes to
+    compile, at most an eighth of the group wasted."""
+    slots = len(plan.rows) // (micro_batches * groups) * plan.length
+    most = int(row_loss_counts(plan, corpus).reshape(micro_batches * groups, -1).sum(-1).max())
+    step = max(1, slots // 8)
+    return min(slots, max(step, -(-most // step) * step))
+
+
 def materialize(plan: BatchPlan, corpus: Corpus, *, pad_id: int, micro_batches: int, process_index: int = 0,
-                process_count: int = 1) -> dict[str, np.ndarray]:
-    """This process's slice of one global batch, arrays shaped `[micro_batches, rows_per_process, L]`."""
+                process_count: int = 1, head_groups: int = 0) -> dict[str, np.ndarray]:
+    """This process's slice of one global batch, arrays shaped `[micro_batches, rows_per_process, L]`.
+
+    `head_groups` > 0 adds `head_index` / `head_valid` (`train.step.HEAD_FIELDS`) for that many groups of rows
+    per micro-batch (the batch shards; a multiple of `process_count`)."""
     B, L = len(plan.rows), plan.length
     if B % (micro_batches * process_count):
         raise ValueError(f"global batch {B} is not divisible by micro_batches*process_count={micro_batches * process_count}")
@@ -371,8 +411,15 @@ def materialize(plan: BatchPlan, corpus: Corpus, *, pad_id: int, micro_batches: 
             loss_mask[m, r, :n] = flags[1:]
             attn_mask[m, r, :n] = True
             segment_ids[m, r, :n] = seg[:-1]
-    return dict(inputs=inputs, targets=targets, loss_mask=loss_mask, attn_mask=attn_mask, positions=positions,
-                segment_ids=segment_ids)
+    out = dict(inputs=inputs, targets=targets, loss_mask=loss_mask, attn_mask=attn_mask, positions=positions,
+               segment_ids=segment_ids)
+    if head_groups:
+        if head_groups % process_count or rows_per_micro % head_groups:
+            raise ValueError(f"head_groups={head_groups} must divide the {rows_per_micro} rows of a micro-batch "
+                             f"and be a multiple of the process count {process_count}")
+        out["head_index"], out["head_valid"] = head_positions(
+            loss_mask, head_groups // process_count, head_capacity(plan, corpus, micro_batches, head_groups))
+    return out
 
 
 class BatchSource:
@@ -389,23 +436,23 @@ class BatchSource:
 
 
 def make_iterator(planner: Planner, n_batches: int, *, pad_id: int, micro_batches: int, process_index: int = 0,
-                  process_count: int = 1, prefetch: int = 2):
+                  process_count: int = 1, prefetch: int = 2, head_groups: int = 0):
     """A checkpointable grain iterator over this process's slices of `n_batches` global batches.
 
     `it.get_state()` / `it.set_state(state)` save and restore the position (a small JSON-able dict).
     """
     source = BatchSource(planner, n_batches, pad_id=pad_id, micro_batches=micro_batches,
-                         process_index=process_index, process_count=process_count)
+                         process_index=process_index, process_count=process_count, head_groups=head_groups)
     ds = grain.MapDataset.source(source)
     opts = grain.ReadOptions(num_threads=max(1, prefetch), prefetch_buffer_size=prefetch)
     return iter(ds.to_iter_dataset(opts))
 
 
 def eval_batches(corpus: Corpus, *, seq_len: int, batch: int, pad_id: int, buckets: Sequence[int] = (),
-                 process_index: int = 0, process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
+                 process_index: int = 0, process_count: int = 1, head_groups: int = 0) -> Iterator[dict[str, np.ndarray]]:
     """Every held-out example once, in file order, padded (the last batch is filled with empty rows)."""
     planner = Planner(corpus, seq_len=seq_len, global_batch=batch, packing="pad", seed=0, shuffle=False,
                       buckets=buckets, drop_last=False)
     for k in range(planner.batches_per_epoch):
         yield materialize(planner.plan(k), corpus, pad_id=pad_id, micro_batches=1,
-                          process_index=process_index, process_count=process_count)
+                          process_index=process_index, process_count=process_count, head_groups=head_groups)

@@ -237,8 +237,9 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
     eval_step = S.make_eval_step(split, mesh, shardings)
 
     ckpt = Checkpointer(os.path.join(workdir, "ckpt"), keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
+    head_groups = dp if cfg.sparse_head and dp % pcount == 0 else 0  # one group of rows per batch shard
     iterator = D.make_iterator(planner, total, pad_id=tok.pad_id, micro_batches=cfg.micro_batches,
-                               process_index=pidx, process_count=pcount)
+                               process_index=pidx, process_count=pcount, head_groups=head_groups)
     start = 0
     if cfg.resume and ckpt.latest_step() is not None:
         state, data_state = ckpt.restore(_abstract(state))
@@ -262,7 +263,8 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
             return None
         loss_sum = n = 0.0
         for local in D.eval_batches(eval_corpus, seq_len=cfg.seq_len, batch=eval_rows, pad_id=tok.pad_id,
-                                    buckets=cfg.buckets, process_index=pidx, process_count=pcount):
+                                    buckets=cfg.buckets, process_index=pidx, process_count=pcount,
+                                    head_groups=head_groups):
             local = {k: v[0] for k, v in local.items()}
             s, c = eval_step(state.params, state.rngs, split.frozen, S.to_global(local, mesh, micro=False))
             loss_sum += float(s)

@@ -26,6 +26,11 @@ from memllm_jax.train.loss import masked_cross_entropy
 BATCH_FIELDS = ("inputs", "targets", "loss_mask", "attn_mask", "positions", "segment_ids")
 """`segment_ids` numbers the examples packed in a row (attention stays within one); a batch without it is one
 example per row."""
+HEAD_FIELDS = ("head_index", "head_valid")
+"""Optional (`train.data.head_positions`): the loss positions of each group of rows, `[groups, K]` per micro-batch,
+one group per batch shard. With them the LM head runs at those K positions only, not at all `rows x L`: the API
+spans are a third of the tokens, and the head (d_model x vocab) and its softmax are the largest per-token cost
+of a small model with a large vocabulary."""
 
 
 @struct.dataclass
@@ -62,10 +67,28 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
-def batch_shardings(mesh: Mesh, micro: bool = True) -> dict[str, NamedSharding]:
-    """`[micro, rows, L]` with rows over ("data", "fsdp") (or `[rows, L]` when `micro` is False)."""
+def batch_sharding(mesh: Mesh, micro: bool = True) -> NamedSharding:
+    """Every batch field: `[micro, rows, L]` with rows over ("data", "fsdp") (or `[rows, L]` when `micro` is
+    False); the head fields `[micro, groups, K]` likewise, one group per batch shard."""
     spec = PartitionSpec(None, ("data", "fsdp"), None) if micro else PartitionSpec(("data", "fsdp"), None)
-    return {k: NamedSharding(mesh, spec) for k in BATCH_FIELDS}
+    return NamedSharding(mesh, spec)
+
+
+def batch_loss(model, batch: dict, deterministic: bool) -> tuple[jax.Array, jax.Array]:
+    """`(sum of -log p(target), n)` over the batch's loss positions (`masked_cross_entropy`); with the head fields,
+    the LM head scores the gathered loss positions only (the same sum: the other positions weigh zero)."""
+    args = (batch["inputs"], batch["positions"], batch["attn_mask"])
+    if "head_index" not in batch:
+        logits, _ = model(*args, deterministic=deterministic, segment_ids_BxL=batch["segment_ids"])
+        return masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
+    hidden_BxLxD, _ = model(*args, deterministic=deterministic, segment_ids_BxL=batch["segment_ids"],
+                            return_hidden=True)
+    index_GxK = batch["head_index"]
+    B, L, D = hidden_BxLxD.shape
+    G = index_GxK.shape[0]
+    hidden_GxKxD = jnp.take_along_axis(hidden_BxLxD.reshape(G, B // G * L, D), index_GxK[..., None], axis=1)
+    targets_GxK = jnp.take_along_axis(batch["targets"].reshape(G, B // G * L), index_GxK, axis=1)
+    return masked_cross_entropy(model.head(hidden_GxKxD, deterministic), targets_GxK, batch["head_valid"])
 
 
 def _var_shardings(tree, mesh: Mesh):
@@ -109,9 +132,7 @@ def make_train_step(split: Split, tx: optax.GradientTransformation, mesh: Mesh, 
 
             def loss_fn(params, rngs):  # rngs passed in so their counters are updated at this trace level
                 model = nnx.merge(graphdef, params, rngs, frozen, copy=True)
-                logits, _ = model(mb["inputs"], mb["positions"], mb["attn_mask"], deterministic=False,
-                                  segment_ids_BxL=mb["segment_ids"])
-                total, _ = masked_cross_entropy(logits, mb["targets"], mb["loss_mask"])
+                total, _ = batch_loss(model, mb, deterministic=False)
                 return total / denom, (total, nnx.state(model, nnx.RngState))
 
             (_, (total, new_rngs)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, rngs)
@@ -136,7 +157,7 @@ def make_train_step(split: Split, tx: optax.GradientTransformation, mesh: Mesh, 
     frozen_sh = _var_shardings(split.frozen, mesh)
     jitted = jax.jit(
         step_fn,
-        in_shardings=(shardings, frozen_sh, batch_shardings(mesh)),
+        in_shardings=(shardings, frozen_sh, batch_sharding(mesh)),
         out_shardings=(shardings, replicated(mesh)),
         donate_argnums=(0,),
     )
@@ -155,14 +176,12 @@ def make_eval_step(split: Split, mesh: Mesh, shardings: TrainState):
 
     def eval_fn(params, rngs, frozen, batch):
         model = nnx.merge(graphdef, params, rngs, frozen, copy=True)
-        logits, _ = model(batch["inputs"], batch["positions"], batch["attn_mask"], deterministic=True,
-                          segment_ids_BxL=batch["segment_ids"])
-        return masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
+        return batch_loss(model, batch, deterministic=True)
 
     frozen_sh = _var_shardings(split.frozen, mesh)
     jitted = jax.jit(
         eval_fn,
-        in_shardings=(shardings.params, shardings.rngs, frozen_sh, batch_shardings(mesh, micro=False)),
+        in_shardings=(shardings.params, shardings.rngs, frozen_sh, batch_sharding(mesh, micro=False)),
         out_shardings=replicated(mesh),
     )
 
@@ -175,14 +194,14 @@ def make_eval_step(split: Split, mesh: Mesh, shardings: TrainState):
 
 def to_global(local: dict, mesh: Mesh, micro: bool = True) -> dict[str, jax.Array]:
     """Assemble this process's slice of a batch into global arrays sharded over the batch axes."""
-    sh = batch_shardings(mesh, micro)
+    sh = batch_sharding(mesh, micro)
     out = {}
     local = dict(local)
     local.setdefault("segment_ids", np.asarray(local["attn_mask"]).astype(np.int32))  # one example per row
-    for k in BATCH_FIELDS:
+    for k in BATCH_FIELDS + tuple(f for f in HEAD_FIELDS if f in local):
         x = local[k]
         axis = 1 if micro else 0
         shape = list(x.shape)
         shape[axis] *= jax.process_count()
-        out[k] = jax.make_array_from_process_local_data(sh[k], x, tuple(shape))
+        out[k] = jax.make_array_from_process_local_data(sh, x, tuple(shape))
     return out
