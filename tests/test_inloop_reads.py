@@ -165,3 +165,47 @@ def test_a_failing_memory_raises_after_the_loop_instead_of_inside_it():
         generate_with_memory(scripted(CASES["kept"][0]), TOK, Broken(), ["Q|"], 60, chunk=8, reads="in_loop")
     with pytest.raises(ValueError, match="reads="):
         generate_with_memory(scripted("a"), TOK, FakeMemory({}), ["Q|"], 4, reads="device")
+
+
+@pytest.mark.parametrize("facts", [{("x", "r", None): ["P"]}, {}], ids=["kept", "empty"])
+def test_real_decoder_matches_host_path_and_rewinds_the_cache_exactly(facts):
+    """On the real decoder (test_decode_parity's biased Mistral): same tokens and calls as the host path, and
+    after in-loop answers and removals the cache and next-token logits equal a fresh prefill of the context."""
+    from test_decode_parity import MODEL, PROMPTS, TOK as PTOK, _check_state_matches_fresh_context
+
+    ids = [reader.encode_prompt(PTOK, p) for p in PROMPTS]
+    runs = {}
+    for reads in ("host", "in_loop"):
+        ctrl = reader.ReadController(MODEL, PTOK, FakeMemory(facts), max_len=128, chunk=4, reads=reads)
+        runs[reads] = (ctrl, ctrl.run(ids, 40, MODEL.make_cache))
+    assert [dataclasses.asdict(r) for r in runs["in_loop"][1]] == [dataclasses.asdict(r) for r in runs["host"][1]]
+    reasons = {c.reason for r in runs["in_loop"][1] for c in r.calls}
+    assert reasons >= ({"", "new_call"} if facts else {"empty"})
+    _check_state_matches_fresh_context(*runs["in_loop"])
+
+
+def test_a_real_memory_whose_query_runs_jax_is_served_from_inside_the_loop():
+    """The callback runs on the loop's host thread: a memory that runs jitted JAX code (like the BERT encoder
+    of TripleMemory) must not deadlock; refused over-long names behave as on the host path."""
+    import jax
+    import jax.numpy as jnp
+
+    from memllm_jax.config import MemoryConfig
+    from memllm_jax.memory import TripleMemory
+    from memllm_jax.memory.encoder import HashEncoder
+
+    class JaxHashEncoder(HashEncoder):
+        def encode(self, names):
+            return jax.device_get(jax.jit(lambda x: x * 1.0)(jnp.asarray(super().encode(names))))
+
+    def memory():
+        mem = TripleMemory(JaxHashEncoder(dim=16), MemoryConfig(max_name_chars=8, index="exact"))
+        mem.add([protocol.Triple("y", "r", "Rome")])
+        return mem
+
+    model = scripted("a({MEM_READ(y>>r>>)-->Rome})b({MEM_READ(", "ab({MEM_READ(" + "z" * 20 + ">>r>>)-->", "abc")
+    res = {reads: generate_with_memory(model, TOK, memory(), ["Q|"], 80, chunk=8, reads=reads)[0]
+           for reads in ("host", "in_loop")}
+    assert dataclasses.asdict(res["in_loop"]) == dataclasses.asdict(res["host"])
+    assert res["in_loop"].text == "abc"
+    assert [(c.reason, c.result) for c in res["in_loop"].calls] == [("new_call", ("Rome",)), ("empty", ())]
