@@ -155,6 +155,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sentences", type=int, default=32, help="sentences in the write benchmark")
     parser.add_argument("--part", choices=("all", "read", "write"), default="all")
+    parser.add_argument("--reads", choices=("host", "in_loop", "both"), default="host",
+                        help="how our read contenders serve memory reads: at loop exits by the host (default), from "
+                             "inside the jitted loop (decode.reader module docstring), or both side by side")
 
 
 def model_shape(args: argparse.Namespace) -> dict:
@@ -169,6 +172,14 @@ def model_shape(args: argparse.Namespace) -> dict:
     D = args.d_model
     return dict(d_model=D, n_layers=args.layers, n_heads=8, n_kv_heads=4, head_dim=D // 8, d_ff=3 * D,
                 max_seq_len=1024)
+
+
+def _key(batch: int, reads: str) -> str:
+    return f"ours_b{batch}" + ("" if reads == "host" else f"_{reads}")
+
+
+def _label(batch: int, reads: str, both: bool) -> str:
+    return f"ours batch {batch}" + (f" ({reads.replace('_', '-')} reads)" if both or reads != "host" else "")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -191,10 +202,10 @@ def main(args: argparse.Namespace) -> int:
     N = args.max_new_tokens
     counts = {}
 
-    def ours(batch):
+    def ours(batch, reads="host"):
         def run():
-            res = generate_with_memory(model, tok, memory, prompts[:batch], N, batch_size=batch, chunk=32)
-            counts[f"ours_b{batch}"] = (sum(r.n_generated for r in res), res)
+            res = generate_with_memory(model, tok, memory, prompts[:batch], N, batch_size=batch, chunk=32, reads=reads)
+            counts[_key(batch, reads)] = (sum(r.n_generated for r in res), res)
         return run
 
     def original():
@@ -234,18 +245,22 @@ def main(args: argparse.Namespace) -> int:
 
     rows, notes = [], []
     if args.part != "write":
-        t = interleaved({"ours batch 1": ours(1), f"ours batch {args.batch}": ours(args.batch), "original (torch)": original},
+        modes = ("host", "in_loop") if args.reads == "both" else (args.reads,)
+        ours_runs = {_label(b, m, len(modes) > 1): (_key(b, m), ours(b, m)) for b in (1, args.batch) for m in modes}
+        t = interleaved({**{name: run for name, (_, run) in ours_runs.items()}, "original (torch)": original},
                         repeats=args.repeats)
-        same = counts["ours_b1"][1][0].token_ids == counts["original"][1][0]
-        calls = counts[f"ours_b{args.batch}"][1][0].calls
+        same = all(counts[_key(1, m)][1][0].token_ids == counts["original"][1][0] for m in modes)
+        same_modes = len(modes) == 1 or ([r.token_ids for r in counts[_key(args.batch, "host")][1]]
+                                         == [r.token_ids for r in counts[_key(args.batch, "in_loop")][1]])
+        calls = counts[_key(args.batch, modes[0])][1][0].calls
         base = counts["original"][0] / t["original (torch)"].median
-        for name, key in (("original (torch)", "original"), ("ours batch 1", "ours_b1"),
-                          (f"ours batch {args.batch}", f"ours_b{args.batch}")):
+        for name, key in [("original (torch)", "original")] + [(n, k) for n, (k, _) in ours_runs.items()]:
             tps = counts[key][0] / t[name].median
             rows.append([f"read: {name}", f"{tps:,.0f} tokens/s", f"±{t[name].spread:.0%}", f"{tps / base:.1f}x"])
         notes.append(f"model: {args.preset or 'custom'} shape, d_model={D}, layers={n_layers}, vocabulary "
                      f"{model.cfg.vocab_size:,} (untied head); {N} new tokens per sequence; calls per sequence "
-                     f"(ours b{args.batch}, row 0): {len(calls)}; ours == original tokens: {same}")
+                     f"(ours b{args.batch}, row 0): {len(calls)}; ours == original tokens: {same}; reads: {args.reads}"
+                     + ("" if len(modes) == 1 else f"; in-loop == host tokens: {same_modes}"))
     if args.part == "read":
         print("\n".join(notes))
         print(markdown_table(["contender", "throughput", "spread", "vs baseline"], rows))

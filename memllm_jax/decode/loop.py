@@ -111,6 +111,10 @@ class LoopSpec:
     exit_paused: int = 1
     """Exit once this many rows wait for the host (paused rows idle until the next exit, so a batch
     should not wait for the whole chunk; exiting at every single pause costs a host round trip each)."""
+    answer_width: int = 0
+    """0: reads are served by the host at loop exits (`READ_PAUSE` / `OPEN_PAUSE` exit the loop). > 0: reads
+    are served inside the loop by a host callback (`read_chunk(server=...)`), and this is the width F of
+    each row's forced-token queue (`DecodeState.forced_BxF`); longer feeds go through `HOST_FEED`."""
 
 
 def _layered(cache: Any, model: Any) -> Any:
@@ -132,26 +136,38 @@ def _stacked(cache: Any) -> Any:
 
 
 def _read_step(model, spec: LoopSpec, s: st.DecodeState) -> st.DecodeState:
+    """One token per row: a sampled one for RUNNING rows, or (in-loop reads) the next queued forced token.
+    Forced tokens (answers, re-fed text) are context the host chose: they are not written to `out_BxC`, do not
+    count against the budget and set no status."""
     B, V = s.logits_BxV.shape
     running_B = s.status_B == st.RUNNING
     rng, sub = jax.random.split(s.rng)
     banned_BxV = s.ban_read_B[:, None] & (jnp.arange(V)[None, :] == spec.read_open_id)
     tok_B = choose(jnp.where(banned_BxV, NEG_INF, s.logits_BxV), sub, spec.sampling)
     tok_B = jnp.where(running_B, tok_B, spec.pad_id)
-    logits_Bx1xV, cache = model(tok_B[:, None], s.cache.lengths_B[:, None], running_B[:, None], cache=s.cache)
-    logits_BxV = jnp.where(running_B[:, None], logits_Bx1xV[:, 0], s.logits_BxV)
+    sample_B = feed_B = running_B
+    if spec.answer_width:
+        forcing_B = s.forced_pos_B < s.forced_len_B
+        sample_B = running_B & ~forcing_B
+        feed_B = sample_B | forcing_B
+        F = s.forced_BxF.shape[1]
+        forced_B = jnp.take_along_axis(s.forced_BxF, jnp.minimum(s.forced_pos_B, F - 1)[:, None], axis=1)[:, 0]
+        tok_B = jnp.where(forcing_B, forced_B, tok_B)
+        s = s.replace(forced_pos_B=s.forced_pos_B + forcing_B.astype(jnp.int32))
+    logits_Bx1xV, cache = model(tok_B[:, None], s.cache.lengths_B[:, None], feed_B[:, None], cache=s.cache)
+    logits_BxV = jnp.where(feed_B[:, None], logits_Bx1xV[:, 0], s.logits_BxV)
     C = s.out_BxC.shape[1]
-    out_BxC = s.out_BxC.at[jnp.arange(B), jnp.where(running_B, s.n_out_B, C)].set(tok_B, mode="drop")
-    step_B = running_B.astype(jnp.int32)
+    out_BxC = s.out_BxC.at[jnp.arange(B), jnp.where(sample_B, s.n_out_B, C)].set(tok_B, mode="drop")
+    step_B = sample_B.astype(jnp.int32)
     budget_B = s.budget_B - step_B
-    opens_B = running_B & (tok_B == spec.read_open_id)
-    closes_B = running_B & (tok_B == spec.read_end_id) & s.in_call_B
+    opens_B = sample_B & (tok_B == spec.read_open_id)
+    closes_B = sample_B & (tok_B == spec.read_end_id) & s.in_call_B
     status_B = s.status_B
-    status_B = jnp.where(running_B & (budget_B <= 0), st.BUDGET, status_B)
-    status_B = jnp.where(running_B & (cache.lengths_B >= spec.max_len), st.FULL, status_B)
+    status_B = jnp.where(sample_B & (budget_B <= 0), st.BUDGET, status_B)
+    status_B = jnp.where(sample_B & (cache.lengths_B >= spec.max_len), st.FULL, status_B)
     status_B = jnp.where(opens_B & (s.active_call_B | s.in_call_B), st.OPEN_PAUSE, status_B)
     status_B = jnp.where(closes_B, st.READ_PAUSE, status_B)
-    status_B = jnp.where(running_B & (tok_B == spec.eos_id), st.EOS, status_B)
+    status_B = jnp.where(sample_B & (tok_B == spec.eos_id), st.EOS, status_B)
     return s.replace(
         cache=cache,
         logits_BxV=logits_BxV,
@@ -160,13 +176,69 @@ def _read_step(model, spec: LoopSpec, s: st.DecodeState) -> st.DecodeState:
         status_B=status_B,
         budget_B=budget_B,
         in_call_B=(s.in_call_B | opens_B) & ~closes_B,
-        ban_read_B=s.ban_read_B & ~running_B,
+        ban_read_B=s.ban_read_B & ~sample_B,
         rng=rng,
     )
 
 
-def read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec) -> st.DecodeState:
-    """Generate up to `spec.chunk` tokens; exit early once no row is RUNNING.
+# ------------------------------------------------------------------------------------- in-loop reads
+
+_SERVERS: dict[int, Any] = {}
+_NEXT_SERVER = [0]
+
+
+def register_server(server: Any) -> int:
+    """Make `server.serve(...)` (see `_serve_reads`) callable from the jitted loop; returns its id, which
+    `read_chunk` takes. The loop is compiled once for every server: the callback looks the server up by id."""
+    _NEXT_SERVER[0] += 1
+    _SERVERS[_NEXT_SERVER[0]] = server
+    return _NEXT_SERVER[0]
+
+
+def release_server(server_id: int) -> None:
+    _SERVERS.pop(server_id, None)
+
+
+def _dispatch(server_id, *arrays):
+    return _SERVERS[int(server_id)].serve(*(np.asarray(a) for a in arrays))
+
+
+def _serve_reads(spec: LoopSpec, server_id, s: st.DecodeState) -> st.DecodeState:
+    """Rows that just closed (`READ_PAUSE`) or reopened (`OPEN_PAUSE`) a call are served by the host
+    callback `server.serve(status_B, out_BxC, n_out_B, lengths_B, budget_B, in_call_B, active_B)`, which
+    returns per row (status, cache length, forced tokens padded to F, their number, ban, in_call, active);
+    only the served rows take them. Called only at steps where some row needs it."""
+    from jax.experimental import io_callback
+
+    B, F = s.forced_BxF.shape
+    serve_B = (s.status_B == st.READ_PAUSE) | (s.status_B == st.OPEN_PAUSE)
+    i32, b8 = jnp.int32, jnp.bool_
+    shapes = (jax.ShapeDtypeStruct((B,), i32), jax.ShapeDtypeStruct((B,), i32), jax.ShapeDtypeStruct((B, F), i32),
+              jax.ShapeDtypeStruct((B,), i32), jax.ShapeDtypeStruct((B,), b8), jax.ShapeDtypeStruct((B,), b8),
+              jax.ShapeDtypeStruct((B,), b8))
+    # Unordered: every call's inputs depend on the previous step's outputs, which orders them anyway.
+    status_B, lengths_B, forced_BxF, forced_len_B, ban_B, in_call_B, active_B = io_callback(
+        _dispatch, shapes, server_id, s.status_B, s.out_BxC, s.n_out_B, s.cache.lengths_B, s.budget_B,
+        s.in_call_B, s.active_call_B, ordered=False)
+
+    def take(new, old):
+        return jnp.where(serve_B.reshape((B,) + (1,) * (old.ndim - 1)), new, old)
+
+    return s.replace(
+        cache=s.cache.replace(lengths_B=take(lengths_B, s.cache.lengths_B)),
+        status_B=take(status_B, s.status_B),
+        forced_BxF=take(forced_BxF, s.forced_BxF),
+        forced_pos_B=take(jnp.zeros_like(s.forced_pos_B), s.forced_pos_B),
+        forced_len_B=take(forced_len_B, s.forced_len_B),
+        ban_read_B=take(ban_B, s.ban_read_B),
+        in_call_B=take(in_call_B, s.in_call_B),
+        active_call_B=take(active_B, s.active_call_B),
+    )
+
+
+def read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec, server: int | None = None) -> st.DecodeState:
+    """Run up to `spec.chunk` steps; exit early once no row is RUNNING (or, with in-loop reads, feeding forced
+    tokens). `server`: the id from `register_server`, needed when `spec.answer_width > 0`.
 
     A decode step costs about batch x attended slots, so the loop runs on the first `attend` slots of the
     cache only: a power of two that holds every row's length plus the whole chunk (rows cannot get past
@@ -180,11 +252,15 @@ def read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec) -> st.Decode
         while attend < need:
             attend *= 2
         attend = attend if attend < s.cache.max_len else None
-    return _read_chunk(graphdef, params, s, spec, attend)
+    if spec.answer_width and server is None:
+        raise ValueError("read_chunk: in-loop reads (spec.answer_width > 0) need a server id")
+    server_id = jnp.int32(server) if spec.answer_width else None
+    return _read_chunk(graphdef, params, s, spec, attend, server_id)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec", "attend"))
-def _read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec, attend: int | None) -> st.DecodeState:
+def _read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec, attend: int | None,
+                server_id=None) -> st.DecodeState:
     from memllm_jax.model.mistral import KVCache
 
     model = merge(graphdef, params)
@@ -194,12 +270,19 @@ def _read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec, attend: int
 
     def cond(carry):
         i, s = carry
-        paused = jnp.sum((s.status_B == st.READ_PAUSE) | (s.status_B == st.OPEN_PAUSE))
-        return (i < spec.chunk) & jnp.any(s.status_B == st.RUNNING) & (paused < spec.exit_paused)
+        paused = jnp.sum((s.status_B == st.READ_PAUSE) | (s.status_B == st.OPEN_PAUSE) | (s.status_B == st.HOST_FEED))
+        busy = s.status_B == st.RUNNING
+        if spec.answer_width:
+            busy |= s.forced_pos_B < s.forced_len_B
+        return (i < spec.chunk) & jnp.any(busy) & (paused < spec.exit_paused)
 
     def body(carry):
         i, s = carry
-        return i + 1, _read_step(model, spec, s)
+        s = _read_step(model, spec, s)
+        if spec.answer_width:
+            needed = jnp.any((s.status_B == st.READ_PAUSE) | (s.status_B == st.OPEN_PAUSE))
+            s = jax.lax.cond(needed, functools.partial(_serve_reads, spec, server_id), lambda s: s, s)
+        return i + 1, s
 
     s = jax.lax.while_loop(cond, body, (jnp.int32(0), s.replace(cache=_layered(s.cache, model))))[1]
     cache = _stacked(s.cache)

@@ -24,9 +24,12 @@ STOPPED = 6
 """Late stopping ended the row (memory writes: K cut points without improvement)."""
 IDLE = 7
 """The host finished with this row (or the row is batch padding)."""
+HOST_FEED = 8
+"""In-loop reads only: a call was served inside the loop, but the tokens to feed next (an answer, or the text
+re-fed after removing a call) do not fit the forced-token queue; the host prefills them at the loop exit."""
 
 STATUS_NAMES = {RUNNING: "running", EOS: "eos", READ_PAUSE: "read", OPEN_PAUSE: "open", BUDGET: "budget",
-                FULL: "cache_full", STOPPED: "late_stop", IDLE: "idle"}
+                FULL: "cache_full", STOPPED: "late_stop", IDLE: "idle", HOST_FEED: "host_feed"}
 
 
 @struct.dataclass
@@ -54,6 +57,13 @@ class DecodeState:
     """bool: the next token may not open a read call (set after a call was removed at this point)."""
     rng: jax.Array
     """PRNG key for sampling."""
+    forced_BxF: Any = None
+    """In-loop reads only (else None): int32 tokens each row must feed before it samples again (a memory
+    answer, or the tokens re-fed after a call was removed), filled by the in-loop host callback."""
+    forced_pos_B: Any = None
+    """int32 forced tokens already fed."""
+    forced_len_B: Any = None
+    """int32 forced tokens queued (the row samples again once `forced_pos_B == forced_len_B`)."""
 
 
 @struct.dataclass
