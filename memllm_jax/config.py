@@ -54,7 +54,9 @@ class ModelConfig:
     attention: str = "einsum"
     """Attention over several new tokens (training, prefill): "einsum" (the reference: grouped batched matmuls,
     fastest on CPU), or `jax.nn.dot_product_attention` with implementation "xla", "cudnn" (cuDNN flash
-    attention on NVIDIA GPUs; bf16 / fp16 only) or "auto" (JAX picks). Decode steps keep their own path."""
+    attention on NVIDIA GPUs; bf16 / fp16 only) or "auto" (JAX picks), or "splash" (the Pallas splash-attention
+    kernel, TPU only; cache-free forwards, a KV cache takes "einsum"; "splash_interpret" runs it in Pallas
+    interpret mode on any backend, for tests). Decode steps keep their own path."""
     scan_layers: bool = True
     """Stack the blocks' parameters on a leading "layers" axis and run them with `jax.lax.scan`: one block is
     compiled (compile time independent of depth) and only one layer's gathered weights are live at a time.

@@ -17,6 +17,7 @@ from flax import nnx, struct
 from memllm_jax.config import LoraConfig, ModelConfig
 from memllm_jax.model import init
 from memllm_jax.model.lora import LoRA, TokenLoRA, _contract
+from memllm_jax.model.splash import SPLASH_OPTIONS, splash_attention, splash_segments
 from memllm_jax.sharding import constrain
 
 NEG_INF = float(jnp.finfo(jnp.float32).min)
@@ -126,8 +127,10 @@ def _targets(lora: LoraConfig | None, name: str) -> LoraConfig | None:
     return lora if lora is not None and name in lora.targets else None
 
 
-ATTENTION_IMPLEMENTATIONS = {"einsum": "einsum", "xla": "xla", "cudnn": "cudnn", "auto": None}
-"""`ModelConfig.attention` -> the `implementation` argument of `jax.nn.dot_product_attention` ("einsum": ours)."""
+ATTENTION_IMPLEMENTATIONS = {"einsum": "einsum", "xla": "xla", "cudnn": "cudnn", "auto": None,
+                             "splash": "splash", "splash_interpret": "splash_interpret"}
+"""`ModelConfig.attention` -> the `implementation` argument of `jax.nn.dot_product_attention` ("einsum": ours;
+"splash", "splash_interpret": the Pallas kernel of `memllm_jax/model/splash.py`)."""
 
 
 class Attention(nnx.Module):
@@ -139,6 +142,7 @@ class Attention(nnx.Module):
             raise ValueError(f"ModelConfig.attention={cfg.attention!r}; expected one of {sorted(ATTENTION_IMPLEMENTATIONS)}")
         self.n_kv, self.group, self.head_dim = K, N // K, H
         self.implementation = ATTENTION_IMPLEMENTATIONS[cfg.attention]
+        self.sliding_window = cfg.sliding_window
         out_std = 1.0 / math.sqrt(N * H) / math.sqrt(2 * cfg.n_layers)
         kw = dict(cfg=cfg, rngs=rngs, lora_rngs=lora_rngs)
         self.q = Linear((D,), (N, H), ("embed",), ("q_heads", "head_dim"), lora=_targets(lora, "q"), std=D**-0.5, **kw)
@@ -146,8 +150,10 @@ class Attention(nnx.Module):
         self.v = Linear((D,), (K, H), ("embed",), ("kv_heads", "head_dim"), lora=_targets(lora, "v"), std=D**-0.5, **kw)
         self.o = Linear((N, H), (D,), ("q_heads", "head_dim"), ("embed",), lora=_targets(lora, "o"), std=out_std, **kw)
 
-    def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, mask_BxLxS, cache_kv, write_BxL, deterministic):
-        """`cache_kv` is None (keys = the new tokens), `(k_LxBxSxKxH, v_LxBxSxKxH, layer)` (the stacked
+    def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, mask_BxLxS, segments_BxL, cache_kv, write_BxL, deterministic):
+        """`segments_BxL`: the splash kernel's segment ids (`splash_segments`; None unless the model runs
+        splash attention without a cache: `mask_BxLxS` then carries the same mask for the other paths).
+        `cache_kv` is None (keys = the new tokens), `(k_LxBxSxKxH, v_LxBxSxKxH, layer)` (the stacked
         caches of every layer and this layer's index) or `(k_BxSxKxH, v_BxSxKxH, None)` (this layer's own
         arrays, see `unstack_cache`). The new keys/values are scattered straight into the given arrays
         (no per-layer copy and re-stack), so inside a jitted loop XLA updates the carried cache in place."""
@@ -189,7 +195,12 @@ class Attention(nnx.Module):
             out_BxKxGxH = jnp.einsum("BKGJH,KJ->BKGH", out_BxKxGxKxH, eye_KxK)
             out_BxLxNxH = out_BxKxGxH.astype(q_BxLxNxH.dtype).reshape(B, 1, K * G, H)
             return self.o(out_BxLxNxH, deterministic), new_kv
-        if self.implementation != "einsum":
+        if segments_BxL is not None:  # splash, cache-free (with a cache it takes the einsum path below)
+            out_BxLxNxH = splash_attention(
+                q_BxLxNxH, k_BxSxKxH, v_BxSxKxH, segments_BxL, sliding_window=self.sliding_window,
+                interpret=self.implementation == "splash_interpret", option=self.implementation)
+            return self.o(out_BxLxNxH, deterministic), new_kv
+        if self.implementation not in ("einsum", *SPLASH_OPTIONS):
             out_BxLxNxH = jax.nn.dot_product_attention(
                 q_BxLxNxH, k_BxSxKxH.astype(q_BxLxNxH.dtype), v_BxSxKxH.astype(q_BxLxNxH.dtype),
                 mask=mask_BxLxS[:, None], implementation=self.implementation)
@@ -230,15 +241,16 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(cfg)
         self.mlp = MLP(cfg, lora, rngs=rngs, lora_rngs=lora_rngs)
 
-    def __call__(self, x_BxLxD, cos, sin, mask_BxLxS, cache_kv, write_BxL, deterministic):
-        h_BxLxD, kv = self.attn(self.attn_norm(x_BxLxD), cos, sin, mask_BxLxS, cache_kv, write_BxL, deterministic)
+    def __call__(self, x_BxLxD, cos, sin, mask_BxLxS, segments_BxL, cache_kv, write_BxL, deterministic):
+        h_BxLxD, kv = self.attn(self.attn_norm(x_BxLxD), cos, sin, mask_BxLxS, segments_BxL, cache_kv, write_BxL,
+                                deterministic)
         x_BxLxD = constrain(x_BxLxD + h_BxLxD, ("batch", "seq", "embed_act"))
         x_BxLxD = x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD), deterministic)
         return constrain(x_BxLxD, ("batch", "seq", "embed_act")), kv
 
 
-def _run_block(block, x, cos, sin, mask, cache_kv, write, deterministic):
-    return block(x, cos, sin, mask, cache_kv, write, deterministic)
+def _run_block(block, x, cos, sin, mask, segments, cache_kv, write, deterministic):
+    return block(x, cos, sin, mask, segments, cache_kv, write, deterministic)
 
 
 def remat_policy(cfg: ModelConfig):
@@ -271,7 +283,8 @@ def unstack_blocks(stack: Block, n_layers: int) -> list[Block]:
     return [nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state)) for i in range(n_layers)]
 
 
-def _scan_blocks(stack: Block, cfg: ModelConfig, x_BxLxD, cos, sin, mask_BxLxS, cache_kv, write_BxL, deterministic):
+def _scan_blocks(stack: Block, cfg: ModelConfig, x_BxLxD, cos, sin, mask_BxLxS, segments_BxL, cache_kv, write_BxL,
+                 deterministic):
     """Run the stacked blocks with `jax.lax.scan` (rematerialised by `cfg.remat_policy` when training).
     `cache_kv` is None or the stacked `(k_LxBxSxKxH, v_LxBxSxKxH)`, carried whole and updated in place at the
     scanned layer index. Returns `(x_BxLxD, (k, v) or None)`; the blocks' dropout counters are updated."""
@@ -279,8 +292,8 @@ def _scan_blocks(stack: Block, cfg: ModelConfig, x_BxLxD, cos, sin, mask_BxLxS, 
 
     def block_fn(state_l, layer, x_BxLxD, kv):
         block = nnx.merge(graphdef, state_l)
-        x_BxLxD, kv = block(x_BxLxD, cos, sin, mask_BxLxS, None if kv is None else (*kv, layer), write_BxL,
-                            deterministic)
+        x_BxLxD, kv = block(x_BxLxD, cos, sin, mask_BxLxS, segments_BxL, None if kv is None else (*kv, layer),
+                            write_BxL, deterministic)
         return x_BxLxD, kv, nnx.state(block, nnx.RngState)
 
     if cfg.remat and cache_kv is None:
@@ -374,14 +387,20 @@ class Mistral(nnx.Module):
             if cache is not None:
                 raise ValueError("segment_ids_BxL (packed examples) is for cache-free forwards only")
             mask_BxLxS &= segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
+        # The splash kernel takes causality and the window as static masks, padding and packing as segment ids.
+        segments_BxL = None
+        if cache is None and cfg.attention in SPLASH_OPTIONS:
+            segments_BxL = splash_segments(attn_mask_BxL, segment_ids_BxL)
 
         layered = cache is not None and isinstance(cache.k_LxBxSxKxH, (tuple, list))
         if cfg.scan_layers and not layered:  # training, prefill, one-shot forwards
             kv = None if cache is None else (cache.k_LxBxSxKxH, cache.v_LxBxSxKxH)
-            x_BxLxD, kv = _scan_blocks(self.layers, cfg, x_BxLxD, cos, sin, mask_BxLxS, kv, write_BxL, deterministic)
+            x_BxLxD, kv = _scan_blocks(self.layers, cfg, x_BxLxD, cos, sin, mask_BxLxS, segments_BxL, kv, write_BxL,
+                                        deterministic)
             k_all, v_all = (None, None) if kv is None else kv
         else:
-            x_BxLxD, k_all, v_all = self._loop_blocks(x_BxLxD, cos, sin, mask_BxLxS, cache, write_BxL, deterministic)
+            x_BxLxD, k_all, v_all = self._loop_blocks(x_BxLxD, cos, sin, mask_BxLxS, segments_BxL, cache, write_BxL,
+                                                      deterministic)
         x_BxLxD = self.final_norm(x_BxLxD)
         if cache is not None:
             cache = KVCache(k_all, v_all, new_lengths_B)
@@ -400,12 +419,12 @@ class Mistral(nnx.Module):
             logits = self.lm_head(x_BxLxD, deterministic, out_dtype=jnp.float32)
         return constrain(logits.astype(jnp.float32), ("batch", "seq", "vocab"))
 
-    def _loop_blocks(self, x_BxLxD, cos, sin, mask_BxLxS, cache, write_BxL, deterministic):
+    def _loop_blocks(self, x_BxLxD, cos, sin, mask_BxLxS, segments_BxL, cache, write_BxL, deterministic):
         """The unrolled form: a Python loop over the blocks (static slices of scanned ones). Returns
         `(x_BxLxD, k, v)`, the cache arrays in the form given (stacked or per-layer tuples; None without one)."""
         cfg = self.cfg
         if cfg.remat and cache is None:
-            run = nnx.remat(_run_block, static_argnums=(7,), policy=remat_policy(cfg))
+            run = nnx.remat(_run_block, static_argnums=(8,), policy=remat_policy(cfg))
         else:
             run = _run_block
         layered = cache is not None and isinstance(cache.k_LxBxSxKxH, (tuple, list))
@@ -421,7 +440,8 @@ class Mistral(nnx.Module):
                 cache_kv = (new_k[i], new_v[i], None)
             else:
                 cache_kv = (k_all, v_all, i)
-            x_BxLxD, (k, v) = run(block, x_BxLxD, cos, sin, mask_BxLxS, cache_kv, write_BxL, deterministic)
+            x_BxLxD, (k, v) = run(block, x_BxLxD, cos, sin, mask_BxLxS, segments_BxL, cache_kv, write_BxL,
+                                  deterministic)
             if layered:
                 new_k[i], new_v[i] = k, v
             elif cache is not None:
