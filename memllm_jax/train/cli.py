@@ -7,8 +7,9 @@ Multi-process launches: every process runs the same command with `--distributed`
 `jax.distributed.initialize()` before anything touches the devices. On a Cloud TPU pod slice (or under
 SLURM, Open MPI, a Kubernetes job) JAX detects the coordinator, the process count and the process id itself;
 elsewhere pass them: `--coordinator HOST:PORT --num-processes N --process-id I` (HOST:PORT is process 0's
-address; `JAX_COORDINATOR_ADDRESS` works too). Every process needs the same config and data files and a
-shared `workdir` (checkpoints are written by all processes together; metrics, plots and JSON by process 0).
+address), or set `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`. Every process needs the same
+config and data files and a shared `workdir` (checkpoints are written by all processes together; metrics,
+plots and JSON by process 0).
 """
 
 from __future__ import annotations
