@@ -39,12 +39,16 @@ def get_config():
 '''
 
 
-def launch(argvs: list[list[str]], devices: int) -> list[str]:
-    """Run the commands as simultaneous processes with `devices` fake CPU devices each; their outputs. Every
-    process is reaped, also on a timeout or a failed peer."""
+def launch(argvs: list[list[str]], devices: int, envs: list[dict] | None = None) -> list[str]:
+    """Run the commands as simultaneous processes with `devices` fake CPU devices each (and `envs[i]` added to
+    process i's environment); their outputs. Every process is reaped, also on a timeout or a failed peer."""
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent), "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for argv in argvs]
+    for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        env.pop(k, None)
+    envs = envs or [{} for _ in argvs]
+    procs = [subprocess.Popen(argv, env={**env, **extra}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+             for argv, extra in zip(argvs, envs)]
     deadline = time.monotonic() + TIMEOUT_S
     try:
         logs = [p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0].decode(errors="replace")
@@ -73,8 +77,11 @@ def runs(tmp_path_factory):
                 "--set", f"workdir={d / tag}", *extra]
 
     t0 = time.perf_counter()
-    two = launch([train("two", i, "--distributed", "--coordinator", f"localhost:{port}", "--num-processes", "2",
-                        "--process-id", str(i)) for i in range(2)], devices=4)
+    # process 0 gets the coordinator, count and id as flags, process 1 from the environment
+    two = launch([train("two", 0, "--distributed", "--coordinator", f"localhost:{port}", "--num-processes", "2",
+                        "--process-id", "0"), train("two", 1, "--distributed")], devices=4,
+                 envs=[{}, {"JAX_COORDINATOR_ADDRESS": f"localhost:{port}", "JAX_NUM_PROCESSES": "2",
+                            "JAX_PROCESS_ID": "1"}])
     t1 = time.perf_counter()
     one = launch([train("one", 0)], devices=8)
     print(f"2 processes: {t1 - t0:.0f}s, 1 process: {time.perf_counter() - t1:.0f}s")
