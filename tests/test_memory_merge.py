@@ -89,7 +89,8 @@ def test_sharded_writes_merge_into_the_single_process_memory(tmp_path, monkeypat
     one = _open(tmp_path / "one")
     records = one.records()
     assert stats_one["triples"] > len(records) > 5  # triples written from several documents, stored once
-    assert any(r["source"].startswith("3:d3/") for r in records) and not any(r["source"].startswith("4:") for r in records)
+    sources = [r["source"] for r in records]
+    assert any(x.startswith("3:d3/") for x in sources) and not any(x.startswith("4:") for x in sources)
 
     for n in (2, 3):
         shards = [tmp_path / f"n{n}.shard{i}" for i in range(n)]
@@ -122,10 +123,12 @@ def test_merge_refuses_an_incomplete_or_mixed_set_of_shards(tmp_path, monkeypatc
     corpus = _corpus(tmp_path / "c.jsonl")
     write = ["memory", "write", "--model", "scripted", "--corpus", str(corpus), *ENC]
     for i in range(2):
-        assert main([*write, "--memory", str(tmp_path / f"s{i}"), "--process-index", str(i), "--process-count", "2"]) == 0
+        shard = ["--memory", str(tmp_path / f"s{i}"), "--process-index", str(i), "--process-count", "2"]
+        assert main([*write, *shard]) == 0
     # resuming a shard directory as another shard
     assert main([*write, "--memory", str(tmp_path / "s0"), "--process-index", "1", "--process-count", "2"]) == 2
-    assert "s0/write_progress.json: field shard: progress belongs to shard 0 of 2, not 1 of 2" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "s0/write_progress.json: field shard: progress belongs to shard 0 of 2, not 1 of 2" in err
     assert main(["memory", "merge", str(tmp_path / "m"), str(tmp_path / "s0"), str(tmp_path / "s0")]) == 2
     assert "field shard: shard 0 of 2 again" in capsys.readouterr().err
     progress = json.loads((tmp_path / "s1" / "write_progress.json").read_text())
@@ -133,8 +136,9 @@ def test_merge_refuses_an_incomplete_or_mixed_set_of_shards(tmp_path, monkeypatc
     assert main(["memory", "merge", str(tmp_path / "m"), str(tmp_path / "s0"), str(tmp_path / "s1")]) == 2
     assert f"s1: shard 1 of 2 has written 1 of its {progress['total']} documents" in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
-    assert main(["memory", "merge", str(tmp_path / "m"), str(tmp_path / "s0"), str(tmp_path / "s1"), "--allow-partial"]) == 0
-    assert main(["memory", "merge", str(tmp_path / "m"), str(tmp_path / "s0"), str(tmp_path / "s1")]) == 2
+    both = [str(tmp_path / "s0"), str(tmp_path / "s1")]
+    assert main(["memory", "merge", str(tmp_path / "m"), *both, "--allow-partial"]) == 0
+    assert main(["memory", "merge", str(tmp_path / "m"), *both]) == 2
     assert "m: a memory already exists there" in capsys.readouterr().err
 
 
