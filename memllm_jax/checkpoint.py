@@ -249,9 +249,11 @@ def restore_params(directory: str | os.PathLike, target, step: int | None = None
     plans = {item: _relayout(flat, set(metadata[item]), n_layers) for item, flat in wanted.items()}
     for item, (read, _) in plans.items():
         _check(directory, step, item, metadata[item], read)
-    restored = manager.restore(
-        step, args=ocp.args.Composite(**{k: ocp.args.StandardRestore(read) for k, (read, _) in plans.items()})
-    )
+    # targets without a sharding (no mesh) take the stored one; when that names devices absent here (written by
+    # a multi-process run, or on more devices), the arrays land on this process's first device instead
+    fallback = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    restored = manager.restore(step, args=ocp.args.Composite(**{
+        k: ocp.args.StandardRestore(read, fallback_sharding=fallback) for k, (read, _) in plans.items()}))
     manager.close()
     values = {}
     for item, (_, assemble) in plans.items():

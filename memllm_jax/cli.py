@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
 SUBCOMMANDS: dict[tuple[str, str], tuple[str, str]] = {
     ("memory", "write"): ("memllm_jax.decode.write_cli", "write a corpus into a memory with the memory-write model"),
+    ("memory", "merge"): ("memllm_jax.decode.merge_cli", "join the shards of a multi-process `memory write`"),
 }
 """Subcommands living in a module other than their command's (so `memllm memory --help` never imports jax)."""
 

@@ -199,6 +199,24 @@ def memory_write_not_a_model(tmp, mp):
             "notmodel: not a model (expected a model checkpoint (<step>/config), a training workdir")
 
 
+def memory_write_bad_shard(tmp, mp):
+    return (["memory", "write", "--model", "m", "--corpus", "c.jsonl", "--memory", "mem", "--process-index", "2",
+             "--process-count", "2"], "--process-index 2: must be in 0..1 (--process-count 2)")
+
+
+def memory_merge_not_a_memory(tmp, mp):
+    (tmp / "nomem").mkdir()
+    return ["memory", "merge", str(tmp / "out"), str(tmp / "nomem")], "nomem: not a memory directory (no CURRENT file)"
+
+
+def memory_merge_missing_shard(tmp, mp):
+    assert main(["memory", "create", str(tmp / "mem.shard0"), "--encoder", "hash:8"]) == 0
+    progress = {"corpus": str(tmp / "c.jsonl"), "shard": [0, 2], "total": 1, "done": ["0:a"]}
+    (tmp / "mem.shard0" / "write_progress.json").write_text(json.dumps(progress))
+    return (["memory", "merge", str(tmp / "mem"), str(tmp / "mem.shard0")],
+            "mem.shard0: shards [1] of 2 are missing (give all 2 shard directories, or --allow-partial)")
+
+
 def convert_unfinished_run(tmp, mp):
     (tmp / "run").mkdir()
     (tmp / "run" / "train_config.json").write_text("{}")

@@ -9,6 +9,12 @@ Corpus formats (by content, one document per record):
   * plain text (.txt): one document per line.
 Progress (finished document ids) is kept in MEMDIR/write_progress.json, written atomically after the
 memory is saved, so an interrupted run continues where it stopped.
+
+Bulk writes in several processes (hosts): process I of N writes only the corpus's documents k with
+k % N == I (k = the record's index in the corpus) into its own shard directory, and `memllm memory merge OUT
+SHARD...` (memllm_jax/decode/merge_cli.py) joins the shards into the memory one process would have written:
+
+    memllm memory write --model M --corpus C --memory mem.shard$I --process-index $I --process-count $N
 """
 
 from __future__ import annotations
@@ -83,6 +89,16 @@ def read_corpus(path: pathlib.Path) -> Iterator[WriteDocument]:
         yield _doc_from_record(rec, path, k)
 
 
+def source_order(source: str) -> tuple[int, int] | None:
+    """`(document index k, sentence index i)` of a provenance `k:name/i` this writer gives (the order one process
+    writes in), or None for any other source (imported, added by hand)."""
+    head, _, sentence = source.rpartition("/")
+    k, colon, _ = head.partition(":")
+    if colon and k.isdigit() and sentence.isdigit():
+        return int(k), int(sentence)
+    return None
+
+
 def _atomic_json(path: pathlib.Path, obj) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj), encoding="utf-8")
@@ -101,35 +117,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-late-stopping", action="store_true", help="greedy decoding ending at the first })")
     parser.add_argument("--save-every", type=int, default=20, help="save memory and progress every N batches")
     parser.add_argument("--restart", action="store_true", help="ignore earlier progress")
+    parser.add_argument("--process-index", type=int, default=0, metavar="I",
+                        help="write only the documents k with k %% N == I (a shard; see `memllm memory merge`)")
+    parser.add_argument("--process-count", type=int, default=1, metavar="N", help="the number of shards")
+
+
+def check_shard(index: int, count: int) -> None:
+    if count < 1:
+        raise CorpusError(f"--process-count {count}: must be at least 1")
+    if not 0 <= index < count:
+        raise CorpusError(f"--process-index {index}: must be in 0..{count - 1} (--process-count {count})")
+
+
+def read_progress(progress_path: pathlib.Path) -> dict:
+    """A `write_progress.json`: `corpus` (absolute path), `done` (document ids), `shard` ([I, N]; [0, 1] for
+    files written before shards existed) and `total` (documents in the shard; absent in older files)."""
+    try:
+        state = json.loads(progress_path.read_text(encoding="utf-8"))
+        state["done"] = list(state["done"])
+        state["shard"] = [int(x) for x in state.get("shard", (0, 1))]
+        str(state["corpus"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise CorpusError(f"{progress_path}: damaged progress file ({exc})") from exc
+    return state
 
 
 def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path, *, batch_size=16,
               max_new_tokens=128, pretext_sentences=10, late_stopping=True, save_every=20, restart=False,
-              progress_bar=True):
-    """Write `corpus` into `memory` (saved to `memory_dir`), skipping documents finished earlier."""
+              progress_bar=True, shard: tuple[int, int] = (0, 1)):
+    """Write `corpus` into `memory` (saved to `memory_dir`), skipping documents finished earlier.
+
+    `shard=(I, N)`: only the documents k with k % N == I (k = the record's index in the corpus)."""
     from tqdm import tqdm
 
     from memllm_jax.decode.writer import write_corpus
 
+    check_shard(*shard)
     progress_path = memory_dir / PROGRESS
     done: set[str] = set()
     if progress_path.exists() and not restart:
-        try:
-            state = json.loads(progress_path.read_text(encoding="utf-8"))
-            done = set(state["done"])
-            if state.get("corpus") != str(corpus.resolve()):
-                raise CorpusError(f"{progress_path}: field corpus: progress belongs to {state.get('corpus')}, "
-                                  f"not {corpus.resolve()} (use --restart)")
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise CorpusError(f"{progress_path}: damaged progress file ({exc})") from exc
-    docs = [d for d in read_corpus(corpus) if d.doc_id not in done]
+        state = read_progress(progress_path)
+        done = set(state["done"])
+        if state["corpus"] != str(corpus.resolve()):
+            raise CorpusError(f"{progress_path}: field corpus: progress belongs to {state['corpus']}, "
+                              f"not {corpus.resolve()} (use --restart)")
+        if tuple(state["shard"]) != tuple(shard):
+            raise CorpusError(f"{progress_path}: field shard: progress belongs to shard {state['shard'][0]} of "
+                              f"{state['shard'][1]}, not {shard[0]} of {shard[1]} (use --restart)")
+    index, count = shard
+    mine = [d for k, d in enumerate(read_corpus(corpus)) if k % count == index]
+    docs = [d for d in mine if d.doc_id not in done]
     bar = tqdm(total=len(docs) + len(done), initial=len(done), unit="doc", disable=not progress_bar)
     batches = [0]
 
     def checkpoint():
         memory_dir.mkdir(parents=True, exist_ok=True)
         memory.save(memory_dir)
-        _atomic_json(progress_path, {"corpus": str(corpus.resolve()), "done": sorted(done)})
+        _atomic_json(progress_path, {"corpus": str(corpus.resolve()), "shard": list(shard), "total": len(mine),
+                                     "done": sorted(done)})
 
     def on_batch(stats, finished):
         done.update(finished)
@@ -149,12 +194,15 @@ def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path
 def main(args: argparse.Namespace) -> int:
     from memllm_jax.decode.io import load_model, open_memory
 
+    shard = (args.process_index, args.process_count)
+    check_shard(*shard)
     model, tok = load_model(args.model, args.tokenizer)
     memory = open_memory(args.memory, args.encoder)
     try:
         stats = run_write(model, tok, memory, args.memory, args.corpus, batch_size=args.batch_size,
                           max_new_tokens=args.max_new_tokens, pretext_sentences=args.pretext_sentences,
-                          late_stopping=not args.no_late_stopping, save_every=args.save_every, restart=args.restart)
+                          late_stopping=not args.no_late_stopping, save_every=args.save_every, restart=args.restart,
+                          shard=shard)
     except CorpusError as exc:
         raise SystemExit(str(exc)) from exc
     print(json.dumps(stats.__dict__))

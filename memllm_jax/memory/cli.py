@@ -9,6 +9,8 @@
     memllm memory stats DIR
     memllm memory show DIR ENTITY
     memllm memory write --model MODEL --corpus FILE --memory DIR   (the memory-write model: memllm_jax/decode/write_cli.py)
+        [--process-index I --process-count N]                     (one shard of a bulk write)
+    memllm memory merge OUT SHARD...                              (join the shards: memllm_jax/decode/merge_cli.py)
 
 Queries with exactly one of subject / object given are the paper's object / subject queries (entities back);
 patterns with one or two slots of any kind use the RET-LLM form (whole triples back).

@@ -1,8 +1,15 @@
 """`memllm train --config FILE [--set a.b=c ...] [--point NAME]`: run one training config.
 
 FILE is an experiment config (`experiments/configs/NAME.py` or its module name) whose `get_config()` returns
-a `TrainConfig`; `--point` applies one named point of its `sweep(add)` first. `--distributed` calls
-`jax.distributed.initialize()` before anything touches the devices (multi-process launches).
+a `TrainConfig`; `--point` applies one named point of its `sweep(add)` first.
+
+Multi-process launches: every process runs the same command with `--distributed`, which calls
+`jax.distributed.initialize()` before anything touches the devices. On a Cloud TPU pod slice (or under
+SLURM, Open MPI, a Kubernetes job) JAX detects the coordinator, the process count and the process id itself;
+elsewhere pass them: `--coordinator HOST:PORT --num-processes N --process-id I` (HOST:PORT is process 0's
+address), or set `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`. Every process needs the same
+config and data files and a shared `workdir` (checkpoints are written by all processes together; metrics,
+plots and JSON by process 0).
 """
 
 from __future__ import annotations
@@ -19,6 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="A.B=C", help="override a TrainConfig field")
     parser.add_argument("--point", default=None, help="apply this named point of the config's sweep(add)")
     parser.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() first")
+    parser.add_argument("--coordinator", metavar="HOST:PORT", help="--distributed: process 0's address "
+                        "(default: detected on TPU pods / SLURM / MPI, or env JAX_COORDINATOR_ADDRESS)")
+    parser.add_argument("--num-processes", type=int, metavar="N", help="--distributed: the process count")
+    parser.add_argument("--process-id", type=int, metavar="I", help="--distributed: this process's id, 0..N-1")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
@@ -59,10 +70,13 @@ def resolve_config(spec: str, assignments: list[str], point: str | None = None):
 
 
 def main(args: argparse.Namespace) -> int:
+    explicit = (args.coordinator, args.num_processes, args.process_id)
+    if any(x is not None for x in explicit) and not args.distributed:
+        raise SystemExit("--coordinator / --num-processes / --process-id: only with --distributed")
     if args.distributed:
         from memllm_jax.train.loop import initialize_distributed
 
-        initialize_distributed()
+        initialize_distributed(*explicit)
     cfg = resolve_config(args.config, args.set, args.point)
     if args.print_config:
         import dataclasses

@@ -63,9 +63,21 @@ class TrainResult:
 # -------------------------------------------------------------------------------------------- helpers
 
 
-def initialize_distributed() -> None:
-    """`jax.distributed.initialize()` for multi-process launches (TPU pod slices, one process per GPU)."""
-    jax.distributed.initialize()
+def initialize_distributed(coordinator: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None) -> None:
+    """`jax.distributed.initialize(...)` for multi-process launches, before anything touches the devices.
+
+    With no arguments JAX detects the cluster itself (Cloud TPU pod slices, SLURM, Open MPI, Kubernetes
+    jobs); elsewhere (several processes on one machine, a hand-made CPU/GPU cluster) give the coordinator
+    `HOST:PORT` (process 0's address; or env `JAX_COORDINATOR_ADDRESS`), the process count and this process's
+    id (or env `JAX_NUM_PROCESSES` / `JAX_PROCESS_ID`). Cross-process collectives of the CPU backend use gloo."""
+    if num_processes is None and os.environ.get("JAX_NUM_PROCESSES"):
+        num_processes = int(os.environ["JAX_NUM_PROCESSES"])
+    if process_id is None and os.environ.get("JAX_PROCESS_ID"):
+        process_id = int(os.environ["JAX_PROCESS_ID"])
+    if jax.config.jax_cpu_collectives_implementation in (None, "none"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
 
 
 def enable_compilation_cache(cfg: TrainConfig) -> str | None:
