@@ -209,3 +209,23 @@ def test_a_real_memory_whose_query_runs_jax_is_served_from_inside_the_loop():
     assert dataclasses.asdict(res["in_loop"]) == dataclasses.asdict(res["host"])
     assert res["in_loop"].text == "abc"
     assert [(c.reason, c.result) for c in res["in_loop"].calls] == [("new_call", ("Rome",)), ("empty", ())]
+
+
+def test_auto_picks_in_loop_reads_for_batches_and_host_reads_for_one_row(monkeypatch):
+    """`reads="auto"` (the default): the measured choice, in-loop for several rows, the host for one."""
+    from memllm_jax.decode.reader import choose_reads
+
+    assert choose_reads("auto", 16) == "in_loop" and choose_reads("auto", 1) == "host"
+    assert choose_reads("host", 16) == "host" and choose_reads("in_loop", 1) == "in_loop"
+    used = []
+    real = reader.ReadController.__init__
+
+    def recording(self, *args, **kw):
+        used.append(kw["reads"])
+        real(self, *args, **kw)
+
+    monkeypatch.setattr(reader.ReadController, "__init__", recording)
+    script = "ab({MEM_READ(x>>r>>)-->"
+    two = generate_with_memory(scripted(script, script), TOK, FakeMemory(FACTS), ["Q|", "Q|"], 30, chunk=8)
+    one = generate_with_memory(scripted(script), TOK, FakeMemory(FACTS), ["Q|"], 30, chunk=8)
+    assert used == ["in_loop", "host"] and two[0].text == one[0].text
