@@ -69,7 +69,7 @@ def ours(cfg, lora_cfg, tcfg, batch, sparse_head: bool = True):
     from memllm_jax.config import MeshConfig
     from memllm_jax.sharding import make_mesh
     from memllm_jax.train import step as S
-    from memllm_jax.train.data import head_positions
+    from memllm_jax.train.data import head_positions, round_capacity
     from memllm_jax.train.loop import create_model
     from memllm_jax.train.optimizer import make_optimizer
 
@@ -81,9 +81,8 @@ def ours(cfg, lora_cfg, tcfg, batch, sparse_head: bool = True):
     step = S.make_train_step(split, tx, mesh, sh)
     local = {k: v[None] for k, v in batch.items()}
     if sparse_head:  # as the training loop's loader does, with one group (one device)
-        most = int(batch["loss_mask"].sum())
-        eighth = batch["loss_mask"].size // 8
-        local["head_index"], local["head_valid"] = head_positions(local["loss_mask"], 1, -(-most // eighth) * eighth)
+        capacity = round_capacity(int(batch["loss_mask"].sum()), batch["loss_mask"].size)
+        local["head_index"], local["head_valid"] = head_positions(local["loss_mask"], 1, capacity)
     gb = S.to_global(local, mesh)
 
     def run():

@@ -358,14 +358,18 @@ def head_positions(loss_mask_MxRxL: np.ndarray, groups: int, capacity: int) -> t
     return index, valid
 
 
-def head_capacity(plan: BatchPlan, corpus: Corpus, micro_batches: int, groups: int) -> int:
-    """Positions the LM head keeps per group: the largest group's loss count over the whole global batch (so
-    every process agrees), rounded up to an eighth of a group's `rows x L` slots: few distinct shapes to
-    compile, at most an eighth of the group wasted."""
-    slots = len(plan.rows) // (micro_batches * groups) * plan.length
-    most = int(row_loss_counts(plan, corpus).reshape(micro_batches * groups, -1).sum(-1).max())
+def round_capacity(most: int, slots: int) -> int:
+    """`most` loss positions of a group of `slots` rows x L rounded up to an eighth of the slots: few distinct
+    shapes to compile, at most an eighth of the group wasted."""
     step = max(1, slots // 8)
     return min(slots, max(step, -(-most // step) * step))
+
+
+def head_capacity(plan: BatchPlan, corpus: Corpus, micro_batches: int, groups: int) -> int:
+    """Positions the LM head keeps per group: the largest group's loss count over the whole global batch (so
+    every process agrees), `round_capacity`."""
+    slots = len(plan.rows) // (micro_batches * groups) * plan.length
+    return round_capacity(int(row_loss_counts(plan, corpus).reshape(micro_batches * groups, -1).sum(-1).max()), slots)
 
 
 def materialize(plan: BatchPlan, corpus: Corpus, *, pad_id: int, micro_batches: int, process_index: int = 0,
