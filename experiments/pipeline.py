@@ -128,9 +128,9 @@ _DEPENDS = {
     "corpus": ("corpus", "eval_corpus", "synth_docs", "synth_seed", "heldout_world", "labels", "eval_docs",
                "outside_docs"),
     "tokenizer": ("base_model", "vocab_size", "tokenizer_texts"),
-    "pretrain": ("pretrain_config", "train_overrides"),
-    "mw": ("mw_config", "train_overrides"),
-    "mr": ("mr_config", "train_overrides"),
+    "pretrain": ("pretrain_config",),
+    "mw": ("mw_config",),
+    "mr": ("mr_config",),
     "memory": ("encoder", "write_late_stopping", "write_max_new_tokens", "write_batch"),
     "diagnostics": ("diagnostic_examples",),
     "table2": ("rows", "read_threshold", "eval_batch"),
@@ -138,12 +138,40 @@ _DEPENDS = {
     "scaling": ("scaling_sizes", "scaling_row", "growth_checkpoints"),
     "report": (),
 }
+"""Each stage's own settings. The training stages' keys also hold their resolved training config (the module's
+contents with the pipeline's `train_overrides` for that section applied)."""
+
+_INPUTS = {
+    "corpus": (),
+    "tokenizer": ("corpus",),
+    "pretrain": ("tokenizer",),
+    "mw": ("pretrain",),
+    "mr": ("pretrain",),
+    "memory": ("mw",),  # the memory-write model writes the memories; the encoder is a memory setting
+    "diagnostics": ("mw", "mr", "memory"),
+    "table2": ("mr", "memory"),
+    "editing": ("mw", "mr", "memory"),  # the edits are written with the memory stage's encoder and budget
+    "scaling": ("mr", "memory"),
+    "report": ("diagnostics", "table2", "editing", "scaling"),
+}
+"""The stages whose outputs a stage reads. A stage reruns when its own settings or those of any stage upstream
+of it change, and only then: e.g. more memory-read training steps rerun `mr` and the evaluations, not `memory`."""
+
+
+def _upstream(name: str) -> list[str]:
+    """`name` and every stage it reads from, directly or not, in pipeline order."""
+    seen, todo = set(), [name]
+    while todo:
+        stage = todo.pop()
+        if stage not in seen:
+            seen.add(stage)
+            todo.extend(_INPUTS[stage])
+    return [s for s in STAGES if s in seen]
 
 
 def stage_key(cfg: PipelineConfig, name: str) -> str:
-    """A stage's key covers its own settings and those of every earlier stage (its inputs)."""
-    upto = STAGES[: STAGES.index(name) + 1]
-    settings = {s: {f: getattr(cfg, f) for f in _DEPENDS[s]} for s in upto}
+    """A stage's key covers its own settings and those of every stage upstream of it (its inputs)."""
+    settings = {s: {f: getattr(cfg, f) for f in _DEPENDS[s]} for s in _upstream(name)}
     for stage, module_field in (("pretrain", "pretrain_config"), ("mw", "mw_config"), ("mr", "mr_config")):
         if stage in settings:  # the training config's contents, not just its module name
             settings[stage]["resolved"] = _resolved_train_config(getattr(cfg, module_field), stage, cfg.train_overrides)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from experiments import run
-from experiments.pipeline import Pipeline, PipelineConfig, stage_key
+from experiments.pipeline import STAGES, Pipeline, PipelineConfig, stage_key
 from experiments.tables import plot_scaling, scaling_markdown, table2_markdown, table3_markdown
 
 
@@ -60,20 +60,33 @@ def test_configs_load_and_sweeps():
 
 
 def test_stage_key_follows_the_training_config_contents(monkeypatch):
-    """Editing a training config module (not only its name or an override) reruns that stage and later ones."""
+    """Editing a training config module (not only its name or an override) reruns that stage and the stages that
+    read its model, and no other."""
     import dataclasses as dc
     import importlib
 
     from experiments.pipeline import PipelineConfig, stage_key
 
     cfg = PipelineConfig()
-    before = {s: stage_key(cfg, s) for s in ("mw", "mr", "memory")}
+    stages = ("mw", "mr", "memory", "table2", "editing")
+    before = {s: stage_key(cfg, s) for s in stages}
     module = importlib.import_module("experiments.configs.mr_tiny")
     original = module.get_config
     monkeypatch.setattr(module, "get_config", lambda: dc.replace(original(), steps=original().steps + 1))
-    after = {s: stage_key(cfg, s) for s in ("mw", "mr", "memory")}
-    assert before["mw"] == after["mw"]
-    assert before["mr"] != after["mr"] and before["memory"] != after["memory"]
+    after = {s: stage_key(cfg, s) for s in stages}
+    assert [s for s in stages if before[s] != after[s]] == ["mr", "table2", "editing"]
+
+
+def test_stage_keys_follow_the_data_flow():
+    """A training override for one adapter reruns that adapter and its readers; the memory (written by the
+    memory-write model) survives more memory-read steps, and an encoder change keeps both adapters."""
+    base = PipelineConfig(train_overrides=("mw.steps=5", "mr.steps=5"))
+    more_mr = PipelineConfig(train_overrides=("mw.steps=5", "mr.steps=9"))
+    changed = [s for s in STAGES if stage_key(base, s) != stage_key(more_mr, s)]
+    assert changed == ["mr", "diagnostics", "table2", "editing", "scaling", "report"]
+    other_encoder = PipelineConfig(train_overrides=base.train_overrides, encoder="other")
+    assert [s for s in STAGES if stage_key(base, s) != stage_key(other_encoder, s)] == [
+        "memory", "diagnostics", "table2", "editing", "scaling", "report"]
 
 
 def test_context_bound_covers_the_longest_evaluation_document(tmp_path):
