@@ -74,6 +74,10 @@ class PipelineConfig:
     need more (31% of their gold calls are longer than 128 SmolLM2 tokens, 17% longer than 192)."""
     write_batch: int = 16
     """Sentences decoded together by the memory stage (a batch runs until its longest call ends)."""
+    write_grounded: bool = False
+    """The memory stage keeps only grounded triples (`decode.writer.is_grounded`: both names copied from the
+    document, one of them from the focus sentence, a known relation type); the report gives precision / recall
+    before and after the check."""
     diagnostic_examples: int = 64
     """Held-out write and read examples on which the adapters' field-split losses (the copy probe) are measured."""
     rows: tuple[str, ...] = ("baseline1", "baseline2", "row3", "row4", "row5", "row6", "row7", "row8", "row9")
@@ -131,7 +135,7 @@ _DEPENDS = {
     "pretrain": ("pretrain_config",),
     "mw": ("mw_config",),
     "mr": ("mr_config",),
-    "memory": ("encoder", "write_late_stopping", "write_max_new_tokens", "write_batch"),
+    "memory": ("encoder", "write_late_stopping", "write_max_new_tokens", "write_batch", "write_grounded"),
     "diagnostics": ("diagnostic_examples",),
     "table2": ("rows", "read_threshold", "eval_batch"),
     "editing": ("editing", "n_edits", "editing_regimes", "editing_memory"),

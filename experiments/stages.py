@@ -143,8 +143,9 @@ def stage_mr(self):
 
 
 def _write_budget(self) -> dict:
+    relations = set(_labels(self).values()) if self.cfg.write_grounded else None
     return dict(late_stopping=self.cfg.write_late_stopping, max_new_tokens=self.cfg.write_max_new_tokens,
-                batch_size=self.cfg.write_batch)
+                batch_size=self.cfg.write_batch, grounded=self.cfg.write_grounded, relations=relations)
 
 
 def _write_eval(self, mw, eval_docs, on_batch=None):
@@ -157,9 +158,13 @@ def _write_eval(self, mw, eval_docs, on_batch=None):
 
     mem = TripleMemory(self.encoder())
     st = write_corpus(mw, self.tokenizer(), mem, eval_docs, on_batch=on_batch, **_write_budget(self))
+    gold = [t for d in eval_docs for t in gold_triples(d)]
     info = {"sentences": st.sentences, "triples": st.triples, "malformed": st.malformed, "no_cut": st.no_cut,
             **{k: v for k, v in mem.stats().items() if isinstance(v, (int, float))},
-            **write_agreement(mem.records(), [t for d in eval_docs for t in gold_triples(d)])}
+            **write_agreement(mem.records(), gold)}
+    if self.cfg.write_grounded:  # what the model wrote before the grounding check, for comparison
+        info["ungrounded"] = len(st.ungrounded)
+        info["before_grounding"] = write_agreement(mem.records() + st.ungrounded, gold)
     return mem, info
 
 
@@ -240,6 +245,8 @@ def stage_diagnostics(self):
     memory = json.loads((self.out / "results" / "memory.json").read_text())
     info["mw_against_gold"] = {k: memory["mw_eval"][k] for k in ("precision", "recall", "f1", "correct",
                                                                   "written_unique", "gold_unique")}
+    if "before_grounding" in memory["mw_eval"]:
+        info["mw_against_gold"]["before_grounding"] = memory["mw_eval"]["before_grounding"]
     info["mw_curve"] = _mw_curve(self, memory["mw_eval"])
     _atomic_json(self.out / "results" / "diagnostics.json", info)
     self.say(f"  mw: {info['mw_names_in_eval_text']['fraction']:.2f} of written names occur in the evaluation text")

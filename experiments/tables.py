@@ -82,12 +82,18 @@ def diagnostics_markdown(corpus: Mapping | None, diagnostics: Mapping | None) ->
     if diagnostics:
         g = diagnostics.get("mw_against_gold", {})
         if g:
-            lines += ["**Memory-write model against the gold triples** of the evaluation documents", "",
-                      "| written (unique) | gold | correct | precision | recall | F1 | written names found in the text |",
+            raw = g.get("before_grounding")
+            names = diagnostics.get("mw_names_in_eval_text", {}).get("fraction", float("nan"))
+            lines += ["**Memory-write model against the gold triples** of the evaluation documents"
+                      + (" (written: after the grounding check; the row below: everything the model wrote)" if raw else ""),
+                      "", "| written (unique) | gold | correct | precision | recall | F1 | written names found in the text |",
                       "|---|---|---|---|---|---|---|",
                       f"| {g['written_unique']} | {g['gold_unique']} | {g['correct']} | {g['precision']:.3f} | "
-                      f"{g['recall']:.3f} | {g['f1']:.3f} | "
-                      f"{diagnostics.get('mw_names_in_eval_text', {}).get('fraction', float('nan')):.3f} |", ""]
+                      f"{g['recall']:.3f} | {g['f1']:.3f} | {names:.3f} |"]
+            if raw:
+                lines.append(f"| {raw['written_unique']} before the check | {raw['gold_unique']} | {raw['correct']} | "
+                             f"{raw['precision']:.3f} | {raw['recall']:.3f} | {raw['f1']:.3f} | – |")
+            lines.append("")
         curve = diagnostics.get("mw_curve", [])
         if len(curve) > 1:
             lines += ["**Memory-write learning curve** — the adapter's exports (`mw.export_steps`) writing the same "

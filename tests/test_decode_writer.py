@@ -136,3 +136,29 @@ def test_marker_strings_in_documents_never_form_markers():
     for _, ids in iter_write_prompts(doc, TOK):
         markers = [t for t in ids if t in TOK.marker_id.values()]
         assert markers == [TOK.marker_id[m] for m in (protocol.USER_ST, protocol.USER_END, protocol.MEM_WRITE)]
+
+
+def test_is_grounded_needs_copied_names_and_a_known_relation():
+    from memllm_jax.decode.writer import is_grounded
+
+    context, sentence = "Ada Lovelace was born in London. She married  William King.", "She married  William King."
+    t = protocol.Triple
+    assert is_grounded(t("ada lovelace", "spouse", "William   King"), context, sentence, {"spouse"})
+    assert not is_grounded(t("Ada Lovelace", "spouse", "William Kingsley"), context, sentence, None)  # not copied
+    assert not is_grounded(t("Ada Lovelace", "place of birth", "London"), context, sentence, None)  # not this sentence
+    assert not is_grounded(t("Ada Lovelace", "married to", "William King"), context, sentence, {"spouse"})
+    assert is_grounded(t("Ada Lovelace", "married to", "William King"), context, sentence, None)
+
+
+def test_grounded_write_corpus_drops_names_not_in_the_text():
+    """The scripted model writes `a>>r>>b` after every sentence: grounded, it survives only where both `a` and `b`
+    occur in the document so far and one of them in the focus sentence; the dropped triples are counted."""
+    model = PolicyModel(write_policy, TOK.vocab_size)
+    docs = [("d1", ["a met b.", "Then a left.", "Nothing here."]), ("d2", ["Only b."])]
+    for relations, kept in ((None, ["d1/0", "d1/1"]), ({"r"}, ["d1/0", "d1/1"]), ({"s"}, [])):
+        mem = RecordingMemory()
+        stats = write_corpus(model, TOK, mem, docs, batch_size=2, max_new_tokens=48, make_cache=model.make_cache,
+                             grounded=True, relations=relations)
+        assert [src for _, src in mem.added] == kept
+        assert stats.ungrounded == [protocol.Triple("a", "r", "b")] * (4 - len(kept))
+        assert stats.sentences == 4

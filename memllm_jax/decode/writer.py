@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Collection, Iterable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -200,39 +200,66 @@ class WriteStats:
     by `;` are written)."""
     tokens: int = 0
     """Tokens generated, including those after the chosen cut."""
+    ungrounded: list[protocol.Triple] = dataclasses.field(default_factory=list)
+    """Parsed triples dropped by the grounding check (`write_corpus(grounded=True)`), not written."""
+
+
+def _normalized(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def is_grounded(triple: protocol.Triple, context: str, sentence: str, relations: Collection[str] | None) -> bool:
+    """A model-written triple is grounded when both its names occur in the text it was written from (`context`:
+    the document up to and including the focus sentence), at least one of them in the focus `sentence`, and its
+    relation is a known relation type (when `relations` is given). Case and whitespace are ignored."""
+    context, sentence = _normalized(context), _normalized(sentence)
+    subject, obj = _normalized(triple.subject), _normalized(triple.object)
+    if not (subject in context and obj in context and (subject in sentence or obj in sentence)):
+        return False
+    return relations is None or _normalized(triple.relation) in relations
 
 
 def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_size: int = 16,
                  max_new_tokens: int = 128, pretext_sentences: int = 10, max_prompt_tokens: int = 384,
                  late_stopping: bool = True, patience: int = PATIENCE, make_cache=None,
-                 on_batch=None, share_prefixes: bool = True) -> WriteStats:
+                 on_batch=None, share_prefixes: bool = True, grounded: bool = False,
+                 relations: Collection[str] | None = None) -> WriteStats:
     """Extract triples from every sentence of `documents` and add them to `memory`.
 
     Batches mix sentences of consecutive documents; the prompts of one document share their pretext, which
     is prefilled once per batch (`share_prefixes`). `on_batch(stats, finished_doc_ids)` runs after every
     batch (progress bars, checkpoints for resuming): `finished_doc_ids` are the documents all of whose
     sentences are now in the memory.
+
+    `grounded`: keep only the triples that pass `is_grounded` (names copied from the text, a known relation
+    among `relations` if given); the others are counted in `WriteStats.ungrounded`, not written.
     """
     stats = WriteStats()
+    known = None if relations is None else {_normalized(r) for r in relations}
     split = split_model(model)
-    pending: list[tuple[str, str, list[int]]] = []
+    pending: list[tuple[str, str, list[int], tuple[str, str]]] = []  # doc id, provenance, prompt, (context, sentence)
     remaining: dict[str, int] = {}
 
     def flush(final: bool) -> None:
         while pending and (final or len(pending) >= batch_size):
             batch, pending[:] = pending[:batch_size], pending[batch_size:]
-            outs = decode_writes(model, tokenizer, [p for _, _, p in batch], max_new_tokens=max_new_tokens,
+            outs = decode_writes(model, tokenizer, [p for _, _, p, _ in batch], max_new_tokens=max_new_tokens,
                                  late_stopping=late_stopping, patience=patience, make_cache=make_cache,
                                  pad_to=batch_size, share_prefixes=share_prefixes, split=split)
             finished = []
-            for (doc_id, source, _), out in zip(batch, outs):
+            for (doc_id, source, _, text), out in zip(batch, outs):
                 stats.sentences += 1
                 stats.tokens += out["n_generated"]
                 parsed = protocol.parse_write_call(out["text"])  # an unclosed call keeps its items closed by `;`
                 stats.no_cut += out["cut"] < 0
                 stats.malformed += sum(not e.startswith(protocol.TRUNCATION_NOTES) for e in parsed.errors)
-                if parsed.items:
-                    stats.triples += _add_untrusted(memory, list(parsed.items), source)
+                items = list(parsed.items)
+                if grounded:
+                    kept = [t for t in items if is_grounded(t, *text, known)]
+                    stats.ungrounded += [t for t in items if t not in kept]
+                    items = kept
+                if items:
+                    stats.triples += _add_untrusted(memory, items, source)
                 remaining[doc_id] -= 1
                 if remaining[doc_id] == 0:
                     finished.append(doc_id)
@@ -250,10 +277,16 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
                 on_batch(stats, [doc.doc_id])
             continue
         remaining[doc.doc_id] = remaining.get(doc.doc_id, 0) + len(prompts)
-        pending += [(doc.doc_id, src, ids) for src, ids in prompts]
+        pending += [(doc.doc_id, src, ids, _focus_text(doc, src)) for src, ids in prompts]
         flush(False)
     flush(True)
     return stats
+
+
+def _focus_text(doc: WriteDocument, source: str) -> tuple[str, str]:
+    """(the document up to and including the focus sentence, the focus sentence) of the prompt `source`."""
+    start, end = doc.sentences[int(source.rsplit("/", 1)[1])]
+    return doc.text[:end], doc.text[start:end]
 
 
 def _add_untrusted(memory, triples: list[protocol.Triple], source: str) -> int:
