@@ -1,8 +1,10 @@
-"""FLOP counts of `bench.roofline`: by hand on a tiny config, and against XLA's own count."""
+"""FLOP counts of `bench.roofline`: by hand on a tiny config, against XLA's own count, and the write bench's
+"of roofline" column (a smoke run; benches are never timed tests)."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -128,3 +130,19 @@ def test_train_step_flops_keep_their_shapes():
     want = 4.0 * (2 * 576 * T + 8 * 10 * head) + 3 * (4 * 2 * 8 * 2 * 5 * 5)  # 4 x layers x NH x B L^2
     assert step_flops(cfg, 2, (), 2, 5, head) == want
 
+
+# ------------------------------------------------------------------------------------------- the bench
+
+
+def test_write_bench_reports_of_roofline(capsys):
+    from memllm_jax.cli import main
+
+    assert main(["bench", "decode", "--allow-load", "--part", "write", "--d-model", "32", "--layers", "1",
+                 "--sentences", "8", "--batch", "4", "--repeats", "1", "--matmul-sizes", "64"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    assert header[-2:] == ["of roofline", "executed / ceiling"] and len(rows) == 5
+    for row in rows:
+        roof, executed = (float(re.fullmatch(r"([0-9.e+-]+)%", c).group(1)) / 100 for c in row[-2:])
+        assert 0 < roof < 1.5 and roof <= executed, row
