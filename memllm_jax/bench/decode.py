@@ -6,7 +6,9 @@
     after every memory call. The torch model is built from our weights (`save_hf`), and both produce the
     same tokens (checked).
 (b) Memory writes, sentences/s: batched late-stopping decoding vs one sentence at a time, on documents
-    whose prompts share their pretext (8-sentence documents, default window) and on a sliding window.
+    whose prompts share their pretext (8-sentence documents, default window) and on a sliding window; each
+    also as a fraction of the roofline: useful FLOPs / seconds / the matmul ceiling measured in the same run
+    (`bench.roofline`, `bench.ceiling`), and the FLOPs it executes (padding included) / the ceiling.
 
 The weights are a real Mistral whose embedding / LM head are set so that greedy decoding follows a fixed
 word-level script with a memory read every ~20 tokens (attention and MLP are computed as usual; their
@@ -29,6 +31,8 @@ WORDS = [f" w{i}" for i in range(24)]
 READ_SCRIPT = WORDS[:14] + [protocol.MEM_READ, "Rome>>", "capital of>>", protocol.READ_END, "Italy",
                             protocol.CALL_END] + WORDS[14:20]
 WRITE_SCRIPT = ["Ada>>", "born in>>", "London", protocol.CALL_END]
+WRITE_NEW_TOKENS = 48
+"""Token budget of every write contender."""
 
 
 def build(cfg_kwargs: dict, seed: int = 0):
@@ -158,6 +162,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reads", choices=("host", "in_loop", "both"), default="host",
                         help="how our read contenders serve memory reads: at loop exits by the host (default), from "
                              "inside the jitted loop (decode.reader module docstring), or both side by side")
+    parser.add_argument("--matmul-sizes", default="512,1024,2048",
+                        help="sides of the square matmuls of the ceiling (the write part's roofline)")
 
 
 def model_shape(args: argparse.Namespace) -> dict:
@@ -233,15 +239,16 @@ def main(args: argparse.Namespace) -> int:
     def corpus(batch, share=True, key=None):
         def run():
             mem = ListMemory()
-            write_corpus(model, tok, mem, docs, batch_size=batch, max_new_tokens=48, share_prefixes=share)
+            write_corpus(model, tok, mem, docs, batch_size=batch, max_new_tokens=WRITE_NEW_TOKENS, share_prefixes=share)
             counts[key] = mem.added
         return run
 
     def writes_batched():
-        counts["w_batched"] = decode_writes(model, tok, write_prompts, max_new_tokens=48, pad_to=args.batch)
+        counts["w_batched"] = decode_writes(model, tok, write_prompts, max_new_tokens=WRITE_NEW_TOKENS,
+                                            pad_to=args.batch)
 
     def writes_sequential():
-        counts["w_seq"] = [decode_writes(model, tok, [p], max_new_tokens=48)[0] for p in write_prompts]
+        counts["w_seq"] = [decode_writes(model, tok, [p], max_new_tokens=WRITE_NEW_TOKENS)[0] for p in write_prompts]
 
     rows, notes = [], []
     if args.part != "write":
@@ -265,27 +272,68 @@ def main(args: argparse.Namespace) -> int:
         print("\n".join(notes))
         print(markdown_table(["contender", "throughput", "spread", "vs baseline"], rows))
         return 0
+    from memllm_jax.bench import ceiling
+
+    ceil = ceiling.measure(sorted({model.cfg.param_dtype, model.cfg.compute_dtype}),
+                           [int(x) for x in args.matmul_sizes.split(",")])
     w = interleaved({"docs batched": corpus(args.batch, True, "d_b"), "docs batched, no sharing": corpus(args.batch, False, "d_bn"),
                      "docs sequential": corpus(1, True, "d_s"),
                      "writes batched": writes_batched, "writes sequential": writes_sequential}, repeats=args.repeats)
+
+    doc_prompts = [ids for d in docs for _, ids in iter_write_prompts(d, tok)]
+    doc_outs = [decode_writes(model, tok, [p], max_new_tokens=WRITE_NEW_TOKENS)[0] for p in doc_prompts]
+    useful, executed = write_flops(model.cfg, args.batch, doc_prompts, doc_outs, write_prompts, counts["w_seq"])
+
+    def of_ceiling(name, flops):
+        return f"{100 * flops.total / w[name].median / ceil.flops:.3g}%"
+
+    def roof(name, corpus_name):
+        return [of_ceiling(name, useful[corpus_name]), of_ceiling(name, executed[name])]
 
     for label, n, (seq, *others) in (
             ("documents", n_doc_sents, ("docs sequential", "docs batched, no sharing", "docs batched")),
             ("sliding", len(write_prompts), ("writes sequential", "writes batched"))):
         ws = n / w[seq].median
-        rows.append([f"write {label}: one sentence at a time", f"{ws:,.1f} sentences/s", f"±{w[seq].spread:.0%}", "1.0x"])
+        rows.append([f"write {label}: one sentence at a time", f"{ws:,.1f} sentences/s", f"±{w[seq].spread:.0%}",
+                     "1.0x", *roof(seq, label)])
         for name in others:
             wb = n / w[name].median
             desc = name.replace("docs ", "").replace("writes ", "").replace("batched", f"batched ({args.batch})")
-            rows.append([f"write {label}: {desc}", f"{wb:,.1f} sentences/s", f"±{w[name].spread:.0%}", f"{wb / ws:.1f}x"])
+            rows.append([f"write {label}: {desc}", f"{wb:,.1f} sentences/s", f"±{w[name].spread:.0%}",
+                         f"{wb / ws:.1f}x", *roof(name, label)])
     same_w = ([o["ids"] for o in counts["w_batched"]] == [o["ids"] for o in counts["w_seq"]]
               and counts["d_b"] == counts["d_s"] == counts["d_bn"] and bool(counts["d_s"]))
-    prompt_lens = [len(ids) for d in docs for _, ids in iter_write_prompts(d, tok)]
+    prompt_lens = [len(ids) for ids in doc_prompts]
     notes.append(f"write corpora: documents = {n_docs} x 8 sentences, pretext window 10, prompts "
                  f"{min(prompt_lens)}-{max(prompt_lens)} tokens; sliding = 1 x {len(write_prompts)} sentences, "
                  f"pretext window 2, prompts {min(map(len, write_prompts))}-{max(map(len, write_prompts))} tokens")
     notes.append(f"batched writes == sequential (tokens, and triples added): {same_w}; "
                  f"mean write cut points: {np.mean([o['n_cuts'] for o in counts['w_batched']]):.1f}")
+    notes.append(f"write roofline: {ceil.describe()}; useful GFLOP (prefill + decode): " + ", ".join(
+        f"{k} {f.prefill / 1e9:.3g} + {f.decode / 1e9:.3g}" for k, f in useful.items())
+        + "; of roofline = useful FLOP/s / ceiling; executed = FLOPs computed, padding included (bench.roofline)")
     print("\n".join(notes))
-    print(markdown_table(["contender", "throughput", "spread", "vs baseline"], rows))
+    header = ["contender", "throughput", "spread", "vs baseline", "of roofline", "executed / ceiling"]
+    print(markdown_table(header, [r + ["-"] * (len(header) - len(r)) for r in rows]))
     return 0
+
+
+def write_flops(cfg, batch: int, doc_prompts, doc_outs, sliding_prompts, sliding_outs):
+    """Useful FLOPs of each write corpus, and executed FLOPs of each write contender (`bench.roofline`), from the
+    prompts and each prompt's one-at-a-time outputs (the same tokens as batched, checked by the bench)."""
+    from memllm_jax.bench import roofline as R
+
+    def fed(outs):
+        return [o["n_generated"] for o in outs], [o["stop"] == "stopped" for o in outs]
+
+    docs, sliding = (doc_prompts, *fed(doc_outs)), (sliding_prompts, *fed(sliding_outs))
+    kw = dict(max_new_tokens=WRITE_NEW_TOKENS)
+    useful = {"documents": R.useful_write_flops(cfg, *docs[:2]), "sliding": R.useful_write_flops(cfg, *sliding[:2])}
+    executed = {
+        "docs batched": R.executed_corpus_flops(cfg, *docs, batch_size=batch, **kw),
+        "docs batched, no sharing": R.executed_corpus_flops(cfg, *docs, batch_size=batch, share_prefixes=False, **kw),
+        "docs sequential": R.executed_corpus_flops(cfg, *docs, batch_size=1, **kw),
+        "writes batched": R.executed_write_flops(cfg, *sliding, pad_to=batch, **kw),
+        "writes sequential": R.executed_corpus_flops(cfg, *sliding, batch_size=1, **kw),
+    }
+    return useful, executed

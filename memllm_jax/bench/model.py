@@ -10,6 +10,8 @@ import dataclasses
 import datetime
 import tempfile
 
+from memllm_jax.bench.roofline import forward_flops
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configs", default="tiny,small", help="comma-separated presets")
@@ -18,15 +20,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--hf-attn", default="sdpa", choices=["sdpa", "eager"], help="HF attention implementation")
     parser.add_argument("--matmul-sizes", default="512,1024,2048", help="sides of the square matmuls for the ceiling")
-
-
-def forward_flops(cfg, batch: int, length: int) -> float:
-    """Matmul FLOPs of one forward pass (attention scores and values counted over the full L x L block we
-    compute; embedding lookup not counted)."""
-    D, N, K, H, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size
-    per_token_layer = 2 * D * (N * H + 2 * K * H) + 2 * N * H * D + 3 * 2 * D * F
-    attention = 2 * 2 * N * H * length  # per token per layer: QK^T and PV over `length` keys
-    return batch * length * (cfg.n_layers * (per_token_layer + attention) + 2 * D * V)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ import os
 
 import numpy as np
 
-from memllm_jax.bench import ceiling
+from memllm_jax.bench import ceiling, roofline
 from memllm_jax.bench.timing import interleaved, markdown_table, ratio_row
 
 
@@ -42,15 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def step_flops(cfg, lora_rank: int, targets: tuple[str, ...], B: int, L: int, head_tokens: int | None = None) -> float:
     """FLOPs of one step (module docstring); `head_tokens`: positions the LM head must score (default all)."""
-    D, N, K, H, F, V = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.vocab_size
-    shapes = {"q": (D, N * H), "k": (D, K * H), "v": (D, K * H), "o": (N * H, D), "gate": (D, F), "up": (D, F),
-              "down": (F, D)}
-    body = cfg.n_layers * sum(a * b for a, b in shapes.values())
+    D, V = cfg.d_model, cfg.vocab_size
+    shapes = roofline.matmul_shapes(cfg)
+    body = cfg.n_layers * roofline.layer_params(cfg)
     lora = cfg.n_layers * sum(lora_rank * (a + b) for t, (a, b) in shapes.items() if t in targets)
     head_lora = lora_rank * (D + V) if "lm_head" in targets else 0
     T = B * L
     head_tokens = T if head_tokens is None else head_tokens
-    attn_fwd = cfg.n_layers * 2 * 2 * B * L * L * N * H
+    attn_fwd = roofline.attention_flops(cfg, B * L * L)
     return 4.0 * (body * T + D * V * head_tokens) + 3.0 * attn_fwd + 6.0 * (lora * T + head_lora * head_tokens)
 
 
