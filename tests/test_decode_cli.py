@@ -76,6 +76,18 @@ def test_memory_write_is_resumable_and_names_bad_records(tmp_path):
         list(read_corpus(bad))
 
 
+def test_memory_write_grounded_writes_only_copied_names(tmp_path):
+    """`memory write --grounded`: the scripted `a>>r>>b` is kept where both names occur in the document."""
+    from memllm_jax.decode.write_cli import run_write
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"id": "x", "sentences": ["a met b.", "Gamma."]}) + "\n")
+    mem = TripleMemory(HashEncoder(16))
+    stats = run_write(PolicyModel(write_policy, TOK.vocab_size), TOK, mem, tmp_path / "mem", corpus, batch_size=2,
+                      progress_bar=False, grounded=True, relations={"r"})
+    assert [r["source"] for r in mem.records()] == ["0:x/0"] and len(stats.ungrounded) == 1
+
+
 def chat_policy(ctx):
     """Questions (after '?') open a read of `Alice>>lives in>>`, then answer with the result."""
     q = TOK.encode("?")[0]

@@ -9,8 +9,8 @@ memllm run --config smollm2_redocred --out outputs/smollm2_redocred
 
 Sized for a 2-core CPU: 40 memory-write and 30 memory-read steps of 8 rows of 512 tokens (about a fifth of an
 epoch of the write examples), calls of at most 192 tokens written 32 sentences at a time (Re-DocRED sentences
-state many facts: 31% of the gold calls are longer than 128 SmolLM2 tokens), no late stopping, and the edited
-memory of Table 3 with exact names first (as in the default)."""
+state many facts: 31% of the gold calls are longer than 128 SmolLM2 tokens), no late stopping, grounded writes
+only and the edited memory of Table 3 with exact names first (as in the default)."""
 
 import pathlib
 
@@ -30,7 +30,7 @@ def get_config() -> PipelineConfig:
                           rows=("baseline1", "baseline2", "row1", "row2", "row3", "row4", "row5", "row6", "row7",
                                 "row8", "row9"),
                           parallel_adapters=False, write_late_stopping=False, write_max_new_tokens=192,
-                          write_batch=32, editing_memory="editing_exact")
+                          write_batch=32, write_grounded=True, editing_memory="editing_exact")
 
 
 def sweep(add) -> None:

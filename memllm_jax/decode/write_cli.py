@@ -120,6 +120,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--process-index", type=int, default=0, metavar="I",
                         help="write only the documents k with k %% N == I (a shard; see `memllm memory merge`)")
     parser.add_argument("--process-count", type=int, default=1, metavar="N", help="the number of shards")
+    parser.add_argument("--grounded", action="store_true",
+                        help="write only grounded triples: both names copied from the document, one from the focus "
+                             "sentence (and a known relation with --labels)")
+    parser.add_argument("--labels", default=None, metavar="FILE",
+                        help="with --grounded: relation labels (JSON object of id -> label, e.g. DocRED's rel_info.json)")
 
 
 def check_shard(index: int, count: int) -> None:
@@ -144,7 +149,7 @@ def read_progress(progress_path: pathlib.Path) -> dict:
 
 def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path, *, batch_size=16,
               max_new_tokens=128, pretext_sentences=10, late_stopping=True, save_every=20, restart=False,
-              progress_bar=True, shard: tuple[int, int] = (0, 1)):
+              progress_bar=True, shard: tuple[int, int] = (0, 1), grounded=False, relations=None):
     """Write `corpus` into `memory` (saved to `memory_dir`), skipping documents finished earlier.
 
     `shard=(I, N)`: only the documents k with k % N == I (k = the record's index in the corpus)."""
@@ -185,7 +190,8 @@ def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path
             checkpoint()
 
     stats = write_corpus(model, tok, memory, docs, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                         pretext_sentences=pretext_sentences, late_stopping=late_stopping, on_batch=on_batch)
+                         pretext_sentences=pretext_sentences, late_stopping=late_stopping, on_batch=on_batch,
+                         grounded=grounded, relations=relations)
     checkpoint()
     bar.close()
     return stats
@@ -196,14 +202,19 @@ def main(args: argparse.Namespace) -> int:
 
     shard = (args.process_index, args.process_count)
     check_shard(*shard)
+    relations = None
+    if args.labels:
+        from data_gen.relations import load_relation_labels
+
+        relations = set(load_relation_labels(args.labels).values())
     model, tok = load_model(args.model, args.tokenizer)
     memory = open_memory(args.memory, args.encoder)
     try:
         stats = run_write(model, tok, memory, args.memory, args.corpus, batch_size=args.batch_size,
                           max_new_tokens=args.max_new_tokens, pretext_sentences=args.pretext_sentences,
                           late_stopping=not args.no_late_stopping, save_every=args.save_every, restart=args.restart,
-                          shard=shard)
+                          shard=shard, grounded=args.grounded, relations=relations)
     except CorpusError as exc:
         raise SystemExit(str(exc)) from exc
-    print(json.dumps(stats.__dict__))
+    print(json.dumps({**stats.__dict__, "ungrounded": len(stats.ungrounded)}))
     return 0
