@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from typing import Any, Collection, Iterable, Iterator, Sequence
 
 import jax
@@ -208,13 +209,19 @@ def _normalized(text: str) -> str:
     return " ".join(text.lower().split())
 
 
+def _occurs(name: str, text: str) -> bool:
+    """`name` occurs in `text` as whole words (both normalised): "Ann" is not in "Anna"."""
+    return bool(name) and re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text) is not None
+
+
 def is_grounded(triple: protocol.Triple, context: str, sentence: str, relations: Collection[str] | None) -> bool:
-    """A model-written triple is grounded when both its names occur in the text it was written from (`context`:
-    the document up to and including the focus sentence), at least one of them in the focus `sentence`, and its
-    relation is a known relation type (when `relations` is given). Case and whitespace are ignored."""
+    """A model-written triple is grounded when both its names occur (as whole words) in the text it was written
+    from (`context`: the document up to and including the focus sentence), at least one of them in the focus
+    `sentence`, and its relation is a known relation type (when `relations` is given, normalised). Case and
+    whitespace are ignored."""
     context, sentence = _normalized(context), _normalized(sentence)
     subject, obj = _normalized(triple.subject), _normalized(triple.object)
-    if not (subject in context and obj in context and (subject in sentence or obj in sentence)):
+    if not (_occurs(subject, context) and _occurs(obj, context) and (_occurs(subject, sentence) or _occurs(obj, sentence))):
         return False
     return relations is None or _normalized(triple.relation) in relations
 
