@@ -142,7 +142,8 @@ def _read_step(model, spec: LoopSpec, s: st.DecodeState) -> st.DecodeState:
     count against the budget and set no status."""
     B, V = s.logits_BxV.shape
     running_B = s.status_B == st.RUNNING
-    rng, sub = jax.random.split(s.rng)
+    # Greedy choice draws nothing: no key split (a threefry call per step).
+    rng, sub = (s.rng, s.rng) if spec.sampling.greedy else jax.random.split(s.rng)
     banned_BxV = s.ban_read_B[:, None] & (jnp.arange(V)[None, :] == spec.read_open_id)
     tok_B = choose(jnp.where(banned_BxV, NEG_INF, s.logits_BxV), sub, spec.sampling)
     tok_B = jnp.where(running_B, tok_B, spec.pad_id)
