@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -89,8 +89,7 @@ def prefill(graphdef, params, cache, logits_BxV, rows: Sequence[Sequence[int]], 
     tokens = np.full((len(rows), L), pad_id, np.int32)
     for b, r in enumerate(rows):
         tokens[b, : len(r)] = r
-    return _prefill(graphdef, params, cache, logits_BxV, jnp.asarray(tokens), jnp.asarray(n),
-                    attend=_attend_slots(cache, n, L))
+    return _prefill(graphdef, params, cache, logits_BxV, tokens, n, attend=_attend_slots(cache, n, L))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,35 +200,70 @@ def release_server(server_id: int) -> None:
     _SERVERS.pop(server_id, None)
 
 
-def _dispatch(server_id, *arrays):
-    return _SERVERS[int(server_id)].serve(*(np.asarray(a) for a in arrays))
+def _dispatch(server_id, packed_Bx6pC):
+    """The callback's host side: unpack `_pack_request`, run the server, pack its answer as `_call_server`
+    unpacks it."""
+    status, n_out, lengths, budget, in_call, active = np.asarray(packed_Bx6pC)[:, :6].T
+    out_BxC = np.asarray(packed_Bx6pC)[:, 6:]
+    status, lengths, forced_BxF, n_forced, ban, in_call, active = _SERVERS[int(server_id)].serve(
+        status, out_BxC, n_out, lengths, budget, in_call.astype(bool), active.astype(bool))
+    columns = np.stack([status, lengths, n_forced, ban, in_call, active], axis=1).astype(np.int32)
+    return np.concatenate([columns, np.asarray(forced_BxF, np.int32)], axis=1)
 
 
-def _call_server(server_id, inputs: tuple, current: tuple) -> tuple:
-    """The host callback `server.serve(status_B, out_BxC, n_out_B, lengths_B, budget_B, in_call_B, active_B)`
-    (`inputs`): returns the fields it sets (`current`'s shapes: status, cache lengths, forced tokens, forced
-    count, ban, in_call, active) for every row."""
+class _ServedRows(NamedTuple):
+    """The per-row fields the read callback reads or sets (the `lax.cond` operand: no KV cache)."""
+
+    status_B: jax.Array
+    n_out_B: jax.Array
+    lengths_B: jax.Array
+    budget_B: jax.Array
+    in_call_B: jax.Array
+    active_B: jax.Array
+    out_BxC: jax.Array
+    forced_BxF: jax.Array
+    forced_len_B: jax.Array
+    ban_B: jax.Array
+
+
+def _pack_request(rows: _ServedRows) -> jax.Array:
+    """int32 B x (6 + C): status, n_out, cache length, budget, in_call, active, then `out_BxC`. The callback
+    moves one array each way: each operand or result of a callback costs a host transfer of its own."""
+    columns = [rows.status_B, rows.n_out_B, rows.lengths_B, rows.budget_B, rows.in_call_B, rows.active_B]
+    return jnp.concatenate([jnp.stack([c.astype(jnp.int32) for c in columns], axis=1), rows.out_BxC], axis=1)
+
+
+def _call_server(server_id, rows: _ServedRows) -> tuple:
+    """The host callback `server.serve(status_B, out_BxC, n_out_B, lengths_B, budget_B, in_call_B, active_B)`;
+    returns (status, cache lengths, forced tokens padded to F, forced count, ban, in_call, active) for every
+    row."""
     from jax.experimental import io_callback
 
-    shapes = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in current)
+    B, F = rows.forced_BxF.shape
     # Unordered: every call's inputs depend on the previous step's outputs, which orders them anyway.
-    return io_callback(_dispatch, shapes, server_id, *inputs, ordered=False)
+    answer_Bx6pF = io_callback(_dispatch, jax.ShapeDtypeStruct((B, 6 + F), jnp.int32), server_id,
+                               _pack_request(rows), ordered=False)
+    status, lengths, n_forced, ban, in_call, active = (answer_Bx6pF[:, i] for i in range(6))
+    return status, lengths, answer_Bx6pF[:, 6:], n_forced, ban != 0, in_call != 0, active != 0
+
+
+def _unchanged(rows: _ServedRows) -> tuple:
+    """What `_call_server` returns, as the fields stand."""
+    return (rows.status_B, rows.lengths_B, rows.forced_BxF, rows.forced_len_B, rows.ban_B, rows.in_call_B,
+            rows.active_B)
 
 
 def _serve_reads(spec: LoopSpec, server_id, s: st.DecodeState) -> st.DecodeState:
     """Rows that just closed (`READ_PAUSE`) or reopened (`OPEN_PAUSE`) a call are served by the host
-    callback (`_call_server`), which returns per row (status, cache length, forced tokens padded to F, their
-    number, ban, in_call, active); only the served rows take them. The callback runs only at steps where
-    some row needs it, under a `lax.cond` whose operands are these small per-row arrays alone (not the KV
+    callback (`_call_server`); only the served rows take its answer. The callback runs only at steps where
+    some row needs it, under a `lax.cond` whose operand is the small per-row arrays alone (not the KV
     cache, which the callback never changes)."""
     B = s.status_B.shape[0]
     serve_B = (s.status_B == st.READ_PAUSE) | (s.status_B == st.OPEN_PAUSE)
-    inputs = (s.status_B, s.out_BxC, s.n_out_B, s.cache.lengths_B, s.budget_B, s.in_call_B, s.active_call_B)
-    current = (s.status_B, s.cache.lengths_B, s.forced_BxF, s.forced_len_B, s.ban_read_B, s.in_call_B,
-               s.active_call_B)
+    rows = _ServedRows(s.status_B, s.n_out_B, s.cache.lengths_B, s.budget_B, s.in_call_B, s.active_call_B,
+                       s.out_BxC, s.forced_BxF, s.forced_len_B, s.ban_read_B)
     status_B, lengths_B, forced_BxF, forced_len_B, ban_B, in_call_B, active_B = jax.lax.cond(
-        jnp.any(serve_B), functools.partial(_call_server, server_id), lambda inputs, current: current,
-        inputs, current)
+        jnp.any(serve_B), functools.partial(_call_server, server_id), _unchanged, rows)
 
     def take(new, old):
         return jnp.where(serve_B.reshape((B,) + (1,) * (old.ndim - 1)), new, old)

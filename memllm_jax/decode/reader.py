@@ -19,10 +19,10 @@ removal by rewinding) is `calls.CallBook`, shared by the two ways of serving a r
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from memllm_jax import protocol
@@ -46,6 +46,12 @@ def choose_reads(reads: str, batch: int) -> str:
     if reads == "auto":
         return "in_loop" if batch > 1 else "host"
     return reads
+
+
+@functools.lru_cache(maxsize=8)
+def _prng_key(seed: int) -> jax.Array:
+    """`jax.random.PRNGKey(seed)`, made once (an eager dispatch per generate call otherwise)."""
+    return jax.random.PRNGKey(seed)
 
 
 @dataclasses.dataclass
@@ -124,7 +130,7 @@ class ReadController:
             if len(r.ctx) >= self.max_len:
                 raise ValueError(f"generate: prompt of {len(r.ctx)} tokens does not fit max_len={self.max_len}")
         cache = init_cache(B, self.max_len)
-        cache, logits = prefill(self.graphdef, self.params, cache, jnp.zeros((B, self.vocab), jnp.float32),
+        cache, logits = prefill(self.graphdef, self.params, cache, np.zeros((B, self.vocab), np.float32),
                                 [r.ctx for r in rows], self.spec.pad_id)
         status = np.full(B, st.RUNNING, np.int32)
         in_call = np.zeros(B, bool)
@@ -145,7 +151,7 @@ class ReadController:
                            forced_len_B=zeros if F else None)
         s = st.DecodeState(cache=cache, logits_BxV=logits, out_BxC=view.out_BxC, n_out_B=zeros, status_B=status,
                            budget_B=view.budget_B, in_call_B=in_call, active_call_B=view.active_call_B,
-                           ban_read_B=view.ban_read_B, rng=jax.random.PRNGKey(self.seed),
+                           ban_read_B=view.ban_read_B, rng=_prng_key(self.seed),
                            forced_BxF=np.zeros((B, F), np.int32) if F else None, forced_pos_B=view.forced_pos_B,
                            forced_len_B=view.forced_len_B)
         spec = dataclasses.replace(self.spec, exit_paused=max(1, -(-B // 4)))
