@@ -33,8 +33,7 @@ def bucket(n: int, cap: int | None = None) -> int:
     return b if cap is None else max(min(b, cap), n)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "attend"))
-def _prefill(graphdef, params, cache, logits_BxV, tokens_BxL, n_B, attend=None):
+def _prefill_impl(graphdef, params, cache, logits_BxV, tokens_BxL, n_B, attend=None):
     """`attend`: run the model on the first `attend` slots of the cache only (every row's length after
     this prefill fits in them; later slots are neither read nor written), then put them back. Prefill
     attention is batched (B x K) small matmuls, slow on CPU, so a 128-token prompt in a 192-slot cache
@@ -56,6 +55,12 @@ def _prefill(graphdef, params, cache, logits_BxV, tokens_BxL, n_B, attend=None):
     return cache, jnp.where((n_B > 0)[:, None], last_BxV, logits_BxV)
 
 
+_prefill = jax.jit(_prefill_impl, static_argnames=("graphdef", "attend"))
+_prefill_donating = jax.jit(_prefill_impl, static_argnames=("graphdef", "attend"), donate_argnames=("cache",))
+"""`_prefill` updating the given cache in place (no copy of the whole cache per call); the input cache is
+invalid afterwards."""
+
+
 def _attend_slots(cache, n: np.ndarray, L: int) -> int | None:
     """Slots a prefill of `n` tokens per row must see: the prefill width when every row is empty (a fresh
     prompt), else the next power of two >= the longest resulting row; None = the whole cache."""
@@ -74,22 +79,25 @@ MAX_PREFILL = 256
 """Longest prefill call: longer inputs go in pieces (bounds the B x L x V logits of one call)."""
 
 
-def prefill(graphdef, params, cache, logits_BxV, rows: Sequence[Sequence[int]], pad_id: int = 0):
+def prefill(graphdef, params, cache, logits_BxV, rows: Sequence[Sequence[int]], pad_id: int = 0,
+            donate: bool = False):
     """Append `rows[b]` (may be empty) to each row's cache; returns the cache and the logits of the next
     token (unchanged for rows with nothing to append). The length is bucketed, so repeated memory round
-    trips reuse a few compiled shapes."""
+    trips reuse a few compiled shapes. `donate`: the given cache's buffers are updated in place and must not
+    be used afterwards."""
     longest = max((len(r) for r in rows), default=0)
     if longest > MAX_PREFILL:
         for start in range(0, longest, MAX_PREFILL):
             piece = [list(r[start : start + MAX_PREFILL]) for r in rows]
-            cache, logits_BxV = prefill(graphdef, params, cache, logits_BxV, piece, pad_id)
+            cache, logits_BxV = prefill(graphdef, params, cache, logits_BxV, piece, pad_id, donate)
         return cache, logits_BxV
     n = np.array([len(r) for r in rows], np.int32)
     L = bucket(int(n.max(initial=1)), cap=getattr(cache, "max_len", None))  # never wider than the cache
     tokens = np.full((len(rows), L), pad_id, np.int32)
     for b, r in enumerate(rows):
         tokens[b, : len(r)] = r
-    return _prefill(graphdef, params, cache, logits_BxV, tokens, n, attend=_attend_slots(cache, n, L))
+    run = _prefill_donating if donate else _prefill
+    return run(graphdef, params, cache, logits_BxV, tokens, n, attend=_attend_slots(cache, n, L))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -286,6 +294,7 @@ def read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec, server: int 
     tokens). `server`: the id from `register_server`, needed when `spec.answer_width > 0`. `longest`: the
     longest row's cache length, if the caller knows it (else it is fetched from the device, which waits for
     the state). Returns the new state and `state.pack_rows` of it (fetch it once: `state.HostRows.unpack`).
+    The given state is donated (its cache is updated in place): it must not be used afterwards.
 
     A decode step costs about batch x attended slots, so the loop runs on the first `attend` slots of the
     cache only: a power of two that holds every row's length plus the whole chunk (rows cannot get past
@@ -306,7 +315,7 @@ def read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec, server: int 
     return _read_chunk(graphdef, params, s, spec, attend, server_id)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "spec", "attend"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec", "attend"), donate_argnames=("s",))
 def _read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec, attend: int | None,
                 server_id=None) -> tuple[st.DecodeState, jax.Array]:
     from memllm_jax.model.mistral import KVCache

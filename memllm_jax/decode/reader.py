@@ -49,9 +49,10 @@ def choose_reads(reads: str, batch: int) -> str:
 
 
 @functools.lru_cache(maxsize=8)
-def _prng_key(seed: int) -> jax.Array:
-    """`jax.random.PRNGKey(seed)`, made once (an eager dispatch per generate call otherwise)."""
-    return jax.random.PRNGKey(seed)
+def _prng_key(seed: int) -> np.ndarray:
+    """`jax.random.PRNGKey(seed)` made once (an eager dispatch per generate call otherwise), as a host array:
+    each run's loop state takes (and donates) a device copy of its own."""
+    return np.asarray(jax.random.PRNGKey(seed))
 
 
 @dataclasses.dataclass
@@ -131,7 +132,7 @@ class ReadController:
                 raise ValueError(f"generate: prompt of {len(r.ctx)} tokens does not fit max_len={self.max_len}")
         cache = init_cache(B, self.max_len)
         cache, logits = prefill(self.graphdef, self.params, cache, np.zeros((B, self.vocab), np.float32),
-                                [r.ctx for r in rows], self.spec.pad_id)
+                                [r.ctx for r in rows], self.spec.pad_id, donate=True)
         status = np.full(B, st.RUNNING, np.int32)
         in_call = np.zeros(B, bool)
         for b, r in enumerate(rows):
@@ -273,7 +274,7 @@ class ReadController:
                     self.book.truncate(r)
         cache, logits = s.cache.replace(lengths_B=lengths), s.logits_BxV
         if any(feed):
-            cache, logits = prefill(self.graphdef, self.params, cache, logits, feed, self.spec.pad_id)
+            cache, logits = prefill(self.graphdef, self.params, cache, logits, feed, self.spec.pad_id, donate=True)
         n_out = np.zeros_like(view.n_out_B)
         view = dataclasses.replace(view, status_B=status, in_call_B=in_call, active_call_B=active, ban_read_B=ban,
                                    lengths_B=lengths + np.array([len(f) for f in feed], np.int32), n_out_B=n_out)
