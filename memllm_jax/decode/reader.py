@@ -19,10 +19,10 @@ removal by rewinding) is `calls.CallBook`, shared by the two ways of serving a r
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from memllm_jax import protocol
@@ -46,6 +46,13 @@ def choose_reads(reads: str, batch: int) -> str:
     if reads == "auto":
         return "in_loop" if batch > 1 else "host"
     return reads
+
+
+@functools.lru_cache(maxsize=8)
+def _prng_key(seed: int) -> np.ndarray:
+    """`jax.random.PRNGKey(seed)` made once (an eager dispatch per generate call otherwise), as a host array:
+    each run's loop state takes (and donates) a device copy of its own."""
+    return np.asarray(jax.random.PRNGKey(seed))
 
 
 @dataclasses.dataclass
@@ -124,41 +131,43 @@ class ReadController:
             if len(r.ctx) >= self.max_len:
                 raise ValueError(f"generate: prompt of {len(r.ctx)} tokens does not fit max_len={self.max_len}")
         cache = init_cache(B, self.max_len)
-        V = self.vocab
-        cache, logits = prefill(self.graphdef, self.params, cache, jnp.zeros((B, V), jnp.float32),
-                                [r.ctx for r in rows], self.spec.pad_id)
+        cache, logits = prefill(self.graphdef, self.params, cache, np.zeros((B, self.vocab), np.float32),
+                                [r.ctx for r in rows], self.spec.pad_id, donate=True)
         status = np.full(B, st.RUNNING, np.int32)
-        budget = np.full(B, max_new_tokens, np.int32)
         in_call = np.zeros(B, bool)
         for b, r in enumerate(rows):
             in_call[b], awaiting = self.book.scan_prompt(r)
             if awaiting:
                 status[b] = st.READ_PAUSE
-        s = st.DecodeState(
-            cache=cache, logits_BxV=logits, out_BxC=jnp.zeros((B, self.spec.chunk), jnp.int32),
-            n_out_B=jnp.zeros(B, jnp.int32), status_B=jnp.asarray(status), budget_B=jnp.asarray(budget),
-            in_call_B=jnp.asarray(in_call), active_call_B=jnp.asarray([r.active is not None for r in rows]),
-            ban_read_B=jnp.zeros(B, bool), rng=jax.random.PRNGKey(self.seed))
-        if self.spec.answer_width:
-            s = s.replace(forced_BxF=jnp.zeros((B, self.spec.answer_width), jnp.int32),
-                          forced_pos_B=jnp.zeros(B, jnp.int32), forced_len_B=jnp.zeros(B, jnp.int32))
         if max_new_tokens <= 0:
             status[:] = st.IDLE
             for r in rows:
                 r.finish = "budget"
-        s = s.replace(status_B=jnp.asarray(status))
+        C, F = self.spec.chunk, self.spec.answer_width
+        zeros = np.zeros(B, np.int32)
+        view = st.HostRows(status_B=status, budget_B=np.full(B, max_new_tokens, np.int32), n_out_B=zeros,
+                           in_call_B=in_call, active_call_B=np.array([r.active is not None for r in rows]),
+                           ban_read_B=np.zeros(B, bool), lengths_B=np.array([len(r.ctx) for r in rows], np.int32),
+                           out_BxC=np.zeros((B, C), np.int32), forced_pos_B=zeros if F else None,
+                           forced_len_B=zeros if F else None)
+        s = st.DecodeState(cache=cache, logits_BxV=logits, out_BxC=view.out_BxC, n_out_B=zeros, status_B=status,
+                           budget_B=view.budget_B, in_call_B=in_call, active_call_B=view.active_call_B,
+                           ban_read_B=view.ban_read_B, rng=_prng_key(self.seed),
+                           forced_BxF=np.zeros((B, F), np.int32) if F else None, forced_pos_B=view.forced_pos_B,
+                           forced_len_B=view.forced_len_B)
         spec = dataclasses.replace(self.spec, exit_paused=max(1, -(-B // 4)))
         self._rows, self._host_feeds, self._error = rows, {}, None
         server = register_server(self) if spec.answer_width else None
         try:
             while True:
-                s = self._handle_pauses(s, rows)
-                if not self._busy(s):
+                s, view = self._handle_pauses(s, view, rows)
+                if not self._busy(view):
                     break
-                s = read_chunk(self.graphdef, self.params, s, spec, server)
+                s, packed = read_chunk(self.graphdef, self.params, s, spec, server, longest=int(view.lengths_B.max()))
+                view = st.HostRows.unpack(host(packed), forced=bool(F))
                 if self._error is not None:
                     raise self._error
-                self._collect(s, rows)
+                self._collect(view, rows)
         finally:
             if server is not None:
                 release_server(server)
@@ -209,12 +218,12 @@ class ReadController:
 
     # ----------------------------------------------------------------------------------------- internals
 
-    def _busy(self, s: st.DecodeState) -> bool:
+    def _busy(self, view: st.HostRows) -> bool:
         """Some row runs, or (in-loop) still has forced tokens to feed (e.g. an answer to the last call of a
         row whose budget ended at its `)-->`: the cache then holds the answer, as on the host path)."""
-        if np.any(host(s.status_B) == st.RUNNING):
+        if np.any(view.status_B == st.RUNNING):
             return True
-        return bool(self.spec.answer_width) and bool(np.any(host(s.forced_pos_B) < host(s.forced_len_B)))
+        return bool(self.spec.answer_width) and bool(np.any(view.forced_pos_B < view.forced_len_B))
 
     def _after_call(self, r: Row, budget: int) -> int:
         """The status of a row just served: it stops if its budget or its cache is used up."""
@@ -222,17 +231,20 @@ class ReadController:
             return st.BUDGET
         return st.FULL if len(r.ctx) >= self.max_len else st.RUNNING
 
-    def _collect(self, s: st.DecodeState, rows: list[Row]) -> None:
-        out, n_out = host(s.out_BxC), host(s.n_out_B)
+    def _collect(self, view: st.HostRows, rows: list[Row]) -> None:
         for b, r in enumerate(rows):
-            self.book.append_generated(r, out[b, r.synced : n_out[b]].tolist())
+            self.book.append_generated(r, view.out_BxC[b, r.synced : view.n_out_B[b]].tolist())
             r.synced = 0
 
-    def _handle_pauses(self, s: st.DecodeState, rows: list[Row]) -> st.DecodeState:
-        status, budget = host(s.status_B).copy(), host(s.budget_B)
-        in_call, active = host(s.in_call_B).copy(), host(s.active_call_B).copy()
-        ban = host(s.ban_read_B).copy()  # in-loop: a ban set by the callback may outlive a loop exit
-        lengths = host(s.cache.lengths_B).copy()
+    def _handle_pauses(self, s: st.DecodeState, view: st.HostRows,
+                       rows: list[Row]) -> tuple[st.DecodeState, st.HostRows]:
+        """Serve the paused rows, finish the stopped ones, prefill what they must feed. `view`: the state's
+        per-row fields on the host; returns the next state (its per-row fields host arrays, transferred
+        with the next jitted call) and its view."""
+        status, budget = view.status_B.copy(), view.budget_B
+        in_call, active = view.in_call_B.copy(), view.active_call_B.copy()
+        ban = view.ban_read_B.copy()  # in-loop: a ban set by the callback may outlive a loop exit
+        lengths = view.lengths_B.copy()
         feed: list[list[int]] = [[] for _ in rows]
         for b, (n, tokens, code) in self._host_feeds.items():
             lengths[b], feed[b], status[b] = n, list(tokens), code
@@ -260,12 +272,14 @@ class ReadController:
                 status[b] = st.IDLE
                 if in_call[b]:
                     self.book.truncate(r)
-        cache, logits = s.cache.replace(lengths_B=jnp.asarray(lengths)), s.logits_BxV
+        cache, logits = s.cache.replace(lengths_B=lengths), s.logits_BxV
         if any(feed):
-            cache, logits = prefill(self.graphdef, self.params, cache, logits, feed, self.spec.pad_id)
-        return s.replace(cache=cache, logits_BxV=logits, status_B=jnp.asarray(status),
-                         in_call_B=jnp.asarray(in_call), active_call_B=jnp.asarray(active),
-                         ban_read_B=jnp.asarray(ban), n_out_B=jnp.zeros_like(s.n_out_B))
+            cache, logits = prefill(self.graphdef, self.params, cache, logits, feed, self.spec.pad_id, donate=True)
+        n_out = np.zeros_like(view.n_out_B)
+        view = dataclasses.replace(view, status_B=status, in_call_B=in_call, active_call_B=active, ban_read_B=ban,
+                                   lengths_B=lengths + np.array([len(f) for f in feed], np.int32), n_out_B=n_out)
+        return s.replace(cache=cache, logits_BxV=logits, status_B=status, in_call_B=in_call, active_call_B=active,
+                         ban_read_B=ban, n_out_B=n_out), view
 
     def _result(self, r: Row) -> GenerationResult:
         ids = r.ctx[r.prompt_len :]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 RUNNING = 0
@@ -64,6 +67,46 @@ class DecodeState:
     """int32 forced tokens already fed."""
     forced_len_B: Any = None
     """int32 forced tokens queued (the row samples again once `forced_pos_B == forced_len_B`)."""
+
+
+_ROW_COLUMNS = ("status_B", "budget_B", "n_out_B", "in_call_B", "active_call_B", "ban_read_B")
+
+
+def pack_rows(s: DecodeState) -> jax.Array:
+    """int32 B x (9 + C) (in-loop reads: 11 + C): every per-row field the host reads at a loop exit, in one
+    array, so a loop exit costs one device-to-host transfer (`HostRows.unpack`), not one per field."""
+    columns = [getattr(s, name) for name in _ROW_COLUMNS] + [s.cache.lengths_B]
+    if s.forced_BxF is not None:
+        columns += [s.forced_pos_B, s.forced_len_B]
+    return jnp.concatenate([jnp.stack([c.astype(jnp.int32) for c in columns], axis=1), s.out_BxC], axis=1)
+
+
+@dataclasses.dataclass
+class HostRows:
+    """Host (numpy) copies of a `DecodeState`'s per-row fields, as `pack_rows` packs them."""
+
+    status_B: np.ndarray
+    budget_B: np.ndarray
+    n_out_B: np.ndarray
+    in_call_B: np.ndarray
+    active_call_B: np.ndarray
+    ban_read_B: np.ndarray
+    lengths_B: np.ndarray
+    """The cache's `lengths_B`."""
+    out_BxC: np.ndarray
+    forced_pos_B: np.ndarray | None = None
+    forced_len_B: np.ndarray | None = None
+
+    @classmethod
+    def unpack(cls, packed: np.ndarray, forced: bool) -> "HostRows":
+        """The fields of `pack_rows(s)` fetched to the host; `forced`: the state has the in-loop queue."""
+        n = len(_ROW_COLUMNS) + 1 + 2 * forced
+        cols = {name: packed[:, i] for i, name in enumerate(_ROW_COLUMNS + ("lengths_B",))}
+        for name in ("in_call_B", "active_call_B", "ban_read_B"):
+            cols[name] = cols[name].astype(bool)
+        if forced:
+            cols["forced_pos_B"], cols["forced_len_B"] = packed[:, n - 2], packed[:, n - 1]
+        return cls(out_BxC=packed[:, n:], **cols)
 
 
 @struct.dataclass
