@@ -119,3 +119,29 @@ def test_chat_stores_statements_answers_questions_and_persists(tmp_path):
     assert text.count("a>>r>>b") >= 3 and "deleted 1 triple(s)" in text and "nothing about 'a'" in text
     reopened = TripleMemory.open(tmp_path / "m", HashEncoder(16))
     assert [r["subject"] for r in reopened.records()] == ["Alice"] and len(saved) == 2
+
+
+def test_memory_stage_reports_precision_before_and_after_grounding(monkeypatch):
+    """The pipeline's evaluation write (`experiments.stages._write_eval`) with `write_grounded`: the scripted
+    `a>>r>>b` is kept for the sentence that names both, dropped for the one that names neither, and the report
+    scores both the kept memory and everything the model wrote against the gold triples."""
+    import types
+
+    import data_gen.gold_memory
+    from experiments.pipeline import PipelineConfig  # before experiments.stages, which it imports
+    from experiments import stages
+    from test_decode_writer import TOK
+
+    monkeypatch.setattr(data_gen.gold_memory, "gold_triples", lambda doc: [protocol.Triple("a", "r", "b"),
+                                                                           protocol.Triple("a", "r", "c")])
+    monkeypatch.setattr(stages, "_labels", lambda self: {"P1": "r"})
+    pipe = types.SimpleNamespace(cfg=PipelineConfig(write_grounded=True, write_late_stopping=False,
+                                                    write_max_new_tokens=48, write_batch=2),
+                                 encoder=lambda: HashEncoder(16), tokenizer=lambda: TOK)
+    model = PolicyModel(write_policy, TOK.vocab_size)
+    monkeypatch.setattr(stages, "_write_budget", lambda self, _orig=stages._write_budget: {
+        **_orig(self), "make_cache": model.make_cache})
+    mem, info = stages._write_eval(pipe, model, [("x", ["a met b.", "Gamma."]), ("y", ["Nothing here."])])
+    assert [r["source"] for r in mem.records()] == ["x/0"]
+    assert info["ungrounded"] == 2 and info["correct"] == 1 and info["precision"] == 1.0 and info["recall"] == 0.5
+    assert info["before_grounding"]["written_unique"] == 1  # the same triple, also written from "Gamma." and y/0
