@@ -78,6 +78,10 @@ class PipelineConfig:
     """The memory stage keeps only grounded triples (`decode.writer.is_grounded`: both names copied from the
     document, one of them from the focus sentence, a known relation type); the report gives precision / recall
     before and after the check."""
+    write_min_confidence: float | None = None
+    """The memory stage keeps only the triples the memory-write model wrote with at least this confidence: the
+    log-probability of the least likely token of the item (`decode.writer.item_confidences`); None keeps all.
+    Applied after the grounding check, and to the edits of Table 3."""
     diagnostic_examples: int = 64
     """Held-out write and read examples on which the adapters' field-split losses (the copy probe) are measured."""
     rows: tuple[str, ...] = ("baseline1", "baseline2", "row3", "row4", "row5", "row6", "row7", "row8", "row9")
@@ -135,7 +139,8 @@ _DEPENDS = {
     "pretrain": ("pretrain_config",),
     "mw": ("mw_config",),
     "mr": ("mr_config",),
-    "memory": ("encoder", "write_late_stopping", "write_max_new_tokens", "write_batch", "write_grounded"),
+    "memory": ("encoder", "write_late_stopping", "write_max_new_tokens", "write_batch", "write_grounded",
+               "write_min_confidence"),
     "diagnostics": ("diagnostic_examples",),
     "table2": ("rows", "read_threshold", "eval_batch"),
     "editing": ("editing", "n_edits", "editing_regimes", "editing_memory"),

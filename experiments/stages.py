@@ -145,7 +145,14 @@ def stage_mr(self):
 def _write_budget(self) -> dict:
     relations = set(_labels(self).values()) if self.cfg.write_grounded else None
     return dict(late_stopping=self.cfg.write_late_stopping, max_new_tokens=self.cfg.write_max_new_tokens,
-                batch_size=self.cfg.write_batch, grounded=self.cfg.write_grounded, relations=relations)
+                batch_size=self.cfg.write_batch, grounded=self.cfg.write_grounded, relations=relations,
+                min_confidence=self.cfg.write_min_confidence)
+
+
+def _edit_checks(self) -> dict:
+    """The memory stage's write settings for the edits of Table 3 (decoding, grounding, confidence)."""
+    budget = _write_budget(self)
+    return {k: budget[k] for k in ("late_stopping", "grounded", "relations", "min_confidence")}
 
 
 def _write_eval(self, mw, eval_docs, on_batch=None):
@@ -162,9 +169,13 @@ def _write_eval(self, mw, eval_docs, on_batch=None):
     info = {"sentences": st.sentences, "triples": st.triples, "malformed": st.malformed, "no_cut": st.no_cut,
             **{k: v for k, v in mem.stats().items() if isinstance(v, (int, float))},
             **write_agreement(mem.records(), gold)}
-    if self.cfg.write_grounded:  # what the model wrote before the grounding check, for comparison
+    # what the model wrote before each check, for comparison
+    if self.cfg.write_grounded:
         info["ungrounded"] = len(st.ungrounded)
-        info["before_grounding"] = write_agreement(mem.records() + st.ungrounded, gold)
+        info["before_grounding"] = write_agreement(mem.records() + st.unconfident + st.ungrounded, gold)
+    if self.cfg.write_min_confidence is not None:
+        info["unconfident"] = len(st.unconfident)
+        info["before_confidence"] = write_agreement(mem.records() + st.unconfident, gold)
     return mem, info
 
 
@@ -245,8 +256,9 @@ def stage_diagnostics(self):
     memory = json.loads((self.out / "results" / "memory.json").read_text())
     info["mw_against_gold"] = {k: memory["mw_eval"][k] for k in ("precision", "recall", "f1", "correct",
                                                                   "written_unique", "gold_unique")}
-    if "before_grounding" in memory["mw_eval"]:
-        info["mw_against_gold"]["before_grounding"] = memory["mw_eval"]["before_grounding"]
+    for check in ("before_grounding", "before_confidence"):
+        if check in memory["mw_eval"]:
+            info["mw_against_gold"][check] = memory["mw_eval"][check]
     info["mw_curve"] = _mw_curve(self, memory["mw_eval"])
     _atomic_json(self.out / "results" / "diagnostics.json", info)
     self.say(f"  mw: {info['mw_names_in_eval_text']['fraction']:.2f} of written names occur in the evaluation text")
@@ -326,8 +338,7 @@ def stage_editing(self):
                          f"{self.cfg.editing_memory!r}")
     res = evaluate_editing(self.model("mw"), self.model("mr"), self.tokenizer(), self.encoder(), records, shots=shots,
                            memory_config=memory_config,
-                           regimes=self.cfg.editing_regimes, style=style, late_stopping=self.cfg.write_late_stopping,
-                           progress=self.say)
+                           regimes=self.cfg.editing_regimes, style=style, **_edit_checks(self), progress=self.say)
     out = {k: v.to_json() for k, v in res.items()}
     # a ZsRE file's results sit next to the synthetic analogue's: `table3_<file stem>.*`
     stem = "table3" if self.cfg.editing == "synthetic" else "table3_" + pathlib.Path(self.cfg.editing).stem

@@ -82,17 +82,18 @@ def diagnostics_markdown(corpus: Mapping | None, diagnostics: Mapping | None) ->
     if diagnostics:
         g = diagnostics.get("mw_against_gold", {})
         if g:
-            raw = g.get("before_grounding")
+            earlier = [(label, g[key]) for key, label in (("before_grounding", "everything the model wrote"),
+                                                           ("before_confidence", "grounded, before the confidence check"))
+                       if key in g]
             names = diagnostics.get("mw_names_in_eval_text", {}).get("fraction", float("nan"))
             lines += ["**Memory-write model against the gold triples** of the evaluation documents"
-                      + (" (written: after the grounding check; the row below: everything the model wrote)" if raw else ""),
+                      + (" (the first row: the memory after the write checks)" if earlier else ""),
                       "", "| written (unique) | gold | correct | precision | recall | F1 | written names found in the text |",
                       "|---|---|---|---|---|---|---|",
                       f"| {g['written_unique']} | {g['gold_unique']} | {g['correct']} | {g['precision']:.3f} | "
                       f"{g['recall']:.3f} | {g['f1']:.3f} | {names:.3f} |"]
-            if raw:
-                lines.append(f"| {raw['written_unique']} before the check | {raw['gold_unique']} | {raw['correct']} | "
-                             f"{raw['precision']:.3f} | {raw['recall']:.3f} | {raw['f1']:.3f} | – |")
+            lines += [f"| {raw['written_unique']}: {label} | {raw['gold_unique']} | {raw['correct']} | "
+                      f"{raw['precision']:.3f} | {raw['recall']:.3f} | {raw['f1']:.3f} | – |" for label, raw in earlier]
             lines.append("")
         curve = diagnostics.get("mw_curve", [])
         if len(curve) > 1:

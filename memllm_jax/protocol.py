@@ -148,22 +148,27 @@ def escape_name(name: str) -> str:
     return "".join(out)
 
 
-def _split_unescaped(text: str, sep: str) -> list[str]:
-    """Split on `sep` where it is not preceded by ESC (the pieces keep their escapes)."""
-    pieces: list[str] = []
+def unescaped_spans(text: str, sep: str) -> list[tuple[int, int]]:
+    """`(start, end)` character spans of the pieces of `text` between occurrences of `sep` not preceded by ESC."""
+    spans: list[tuple[int, int]] = []
     start = i = 0
     while i < len(text):
         if text[i] == ESC:
             i += 2
             continue
         if text.startswith(sep, i):
-            pieces.append(text[start:i])
+            spans.append((start, i))
             i += len(sep)
             start = i
             continue
         i += 1
-    pieces.append(text[start:])
-    return pieces
+    spans.append((start, len(text)))
+    return spans
+
+
+def _split_unescaped(text: str, sep: str) -> list[str]:
+    """Split on `sep` where it is not preceded by ESC (the pieces keep their escapes)."""
+    return [text[a:b] for a, b in unescaped_spans(text, sep)]
 
 
 def _find_unescaped(text: str, needle: str, start: int = 0) -> int:

@@ -145,3 +145,29 @@ def test_memory_stage_reports_precision_before_and_after_grounding(monkeypatch):
     assert [r["source"] for r in mem.records()] == ["x/0"]
     assert info["ungrounded"] == 2 and info["correct"] == 1 and info["precision"] == 1.0 and info["recall"] == 0.5
     assert info["before_grounding"]["written_unique"] == 1  # the same triple, also written from "Gamma." and y/0
+
+
+def test_memory_stage_reports_precision_before_the_confidence_check(monkeypatch):
+    """With `write_min_confidence`, the evaluation write keeps `a>>r>>b` and drops `c>>r>>d`, on whose object the
+    scripted model hesitated; the report scores the memory before the check as well."""
+    import types
+
+    import data_gen.gold_memory
+    from experiments.pipeline import PipelineConfig  # before experiments.stages, which it imports
+    from experiments import stages
+    from test_decode_writer import TOK, unsure_policy
+
+    monkeypatch.setattr(data_gen.gold_memory, "gold_triples", lambda doc: [protocol.Triple("a", "r", "b")])
+    monkeypatch.setattr(stages, "_labels", lambda self: {"P1": "r"})
+    pipe = types.SimpleNamespace(cfg=PipelineConfig(write_grounded=True, write_min_confidence=-0.1,
+                                                    write_late_stopping=False, write_max_new_tokens=48,
+                                                    write_batch=1),
+                                 encoder=lambda: HashEncoder(16), tokenizer=lambda: TOK)
+    model = PolicyModel(unsure_policy, TOK.vocab_size)
+    monkeypatch.setattr(stages, "_write_budget", lambda self, _orig=stages._write_budget: {
+        **_orig(self), "make_cache": model.make_cache})
+    mem, info = stages._write_eval(pipe, model, [("x", ["a met b, c met d."])])
+    assert [r["subject"] for r in mem.records()] == ["a"]
+    assert info["unconfident"] == 1 and info["ungrounded"] == 0 and info["precision"] == 1.0
+    assert info["before_confidence"]["written_unique"] == 2 and info["before_confidence"]["precision"] == 0.5
+    assert info["before_grounding"]["written_unique"] == 2

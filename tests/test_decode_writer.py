@@ -6,7 +6,7 @@ import pytest
 
 from memllm_jax import protocol
 from memllm_jax.decode.scripted import CharTokenizer, PolicyModel, TableModel
-from memllm_jax.decode.writer import decode_writes, write_corpus
+from memllm_jax.decode.writer import decode_writes, item_confidences, write_corpus
 
 TOK = CharTokenizer()
 CLOSE = TOK.marker_id[protocol.CALL_END]
@@ -39,7 +39,8 @@ def reference(table, prompt, close, eos, patience, max_new, late=True):
         ctx.append(t)
         if t == eos or len(body) >= max_new:
             break
-    return (body[:best_pos] if best_pos >= 0 else body), best_pos, best
+    n = best_pos if best_pos >= 0 else len(body)
+    return body[:n], best_pos, best, lps[:n]
 
 
 class SmallTok:
@@ -63,8 +64,9 @@ def test_late_stopping_matches_brute_force_on_random_logits(seed, late):
                          make_cache=TableModel(table).make_cache)
     n_cuts = 0
     for prompt, out in zip(prompts, outs):
-        body, cut, best = reference(table, prompt, 3, 2, 5, 40, late)
+        body, cut, best, lps = reference(table, prompt, 3, 2, 5, 40, late)
         assert out["ids"] == body and out["cut"] == cut
+        np.testing.assert_allclose(out["logps"], lps, atol=1e-5)  # each written token's log-probability
         if cut >= 0:
             assert out["score"] == pytest.approx(best, abs=1e-5)
         n_cuts += out["n_cuts"]
@@ -163,3 +165,57 @@ def test_grounded_write_corpus_drops_names_not_in_the_text():
         assert [src for _, src in mem.added] == kept
         assert stats.ungrounded == [protocol.Triple("a", "r", "b")] * (4 - len(kept))
         assert stats.sentences == 4
+
+
+def test_item_confidence_is_the_weakest_token_of_the_item_and_its_opening_separator():
+    tok = CharTokenizer(extra=["b;c"])  # one token spans the end of item 0, the separator and item 1's start
+    body = tok.encode("a>>r>>b;c>>r>>d;e>>r>>f;broken")
+    assert tok.decode(body[6:7]) == "b;c" and tok.decode(body[13:14]) == ";" and len(body) == 28
+    logps = [-0.1] * len(body)
+    logps[3] = -2.0  # inside item 0 ("r")
+    logps[6] = -1.0  # "b;c": counts for items 0 and 1
+    logps[13] = -3.0  # ";" opening item 2
+    conf = item_confidences(tok, body, logps)
+    assert conf == {protocol.Triple("a", "r", "b"): -2.0, protocol.Triple("c", "r", "d"): -1.0,
+                    protocol.Triple("e", "r", "f"): -3.0}  # "broken" does not parse: left out
+    twice = tok.encode("a>>r>>b;a>>r>>b")
+    assert item_confidences(tok, twice, [-0.5] * 7 + [-0.2] * 8) == {protocol.Triple("a", "r", "b"): -0.2}
+    assert item_confidences(tok, [], []) == {}
+
+
+def unsure_policy(ctx):
+    """After `({MEM_WRITE-->`: `a>>r>>b;c>>r>>d})`, hesitating between `d` and `e` (two choices one logit apart)."""
+    if TOK.marker_id[protocol.MEM_WRITE] not in ctx:
+        return [TOK.eos_id]
+    body = TOK.decode(ctx[ctx.index(TOK.marker_id[protocol.MEM_WRITE]) + 1:])
+    target = "a>>r>>b;c>>r>>d"
+    if body == target:
+        return [CLOSE]
+    nxt = TOK.encode(target[len(body)])
+    return nxt + TOK.encode("e") if target[len(body)] == "d" else nxt
+
+
+def test_min_confidence_drops_the_items_the_model_hesitated_on():
+    model = PolicyModel(unsure_policy, TOK.vocab_size)
+    for min_confidence, kept in ((None, ["a", "c"]), (-0.5, ["a", "c"]), (-0.1, ["a"])):
+        mem = RecordingMemory()
+        stats = write_corpus(model, TOK, mem, [("d1", ["a met b."])], batch_size=1, max_new_tokens=32,
+                             make_cache=model.make_cache, late_stopping=False, min_confidence=min_confidence)
+        assert [t.subject for t in mem.added[0][0]] == kept
+        assert [t.subject for t in stats.unconfident] == [s for s in "ac" if s not in kept]
+
+
+def test_edits_are_written_with_the_memory_stages_checks():
+    """Table 3's edits (`eval.editing.extract_edits`) go through the same checks as the memory stage's writes,
+    with the edit statement as the document and the focus sentence."""
+    from memllm_jax.eval.editing import EditRecord, extract_edits
+
+    model = PolicyModel(unsure_policy, TOK.vocab_size)
+    recs = [EditRecord("a met", "a saw", "b", "x", statement="a met b and c, not d.")]
+    write = lambda **checks: extract_edits(model, TOK, recs, batch_size=1, max_new_tokens=32,  # noqa: E731
+                                           late_stopping=False, **checks)
+    ab, cd = protocol.Triple("a", "r", "b"), protocol.Triple("c", "r", "d")
+    assert write() == [[ab, cd]]
+    assert write(grounded=True, relations={"r"}) == [[ab, cd]]
+    assert write(grounded=True, relations={"s"}) == [[]]  # unknown relation
+    assert write(min_confidence=-0.1) == [[ab]]  # the model hesitated on `d`

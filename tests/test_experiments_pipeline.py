@@ -50,6 +50,22 @@ def test_tables_and_plot(tmp_path):
     assert plot_scaling(pts, growth, tmp_path / "s.png").stat().st_size > 1000
 
 
+def test_memory_write_table_shows_each_write_check():
+    from experiments.tables import diagnostics_markdown
+
+    agree = lambda n, c, p: {"written_unique": n, "gold_unique": 10, "correct": c, "precision": p,  # noqa: E731
+                             "recall": c / 10, "f1": 0.5}
+    diag = {"mw_against_gold": {**agree(5, 4, 0.8), "before_grounding": agree(9, 5, 0.556),
+                                "before_confidence": agree(7, 5, 0.714)}}
+    md = diagnostics_markdown(None, diag)
+    assert "| 5 | 10 | 4 | 0.800 | 0.400 |" in md
+    assert "| 9: everything the model wrote | 10 | 5 | 0.556 |" in md
+    assert "| 7: grounded, before the confidence check | 10 | 5 | 0.714 |" in md
+    assert md.index("everything") < md.index("grounded, before")
+    no_checks = diagnostics_markdown(None, {"mw_against_gold": agree(5, 4, 0.8)})
+    assert "everything" not in no_checks and "| 5 | 10 | 4 | 0.800 |" in no_checks
+
+
 def test_configs_load_and_sweeps():
     for name in ("default", "default_tiny", "table2", "editing", "scaling", "redocred_cpu", "mistral7b_eval"):
         mod = run.load_config_module(name)

@@ -121,6 +121,9 @@ class WriteState:
     status_B: jax.Array
     sum_logp_B: jax.Array
     """float32 sum of the log-probabilities of the chosen tokens."""
+    logp_BxT: jax.Array
+    """float32 log-probability of each chosen token (aligned with `out_BxT`): how sure the model was of each
+    written item (`writer.item_confidences`)."""
     best_score_B: jax.Array
     """float32 best average log-probability at a cut point (-inf before the first)."""
     best_cut_B: jax.Array

@@ -123,6 +123,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grounded", action="store_true",
                         help="write only grounded triples: both names copied from the document, one from the focus "
                              "sentence (and a known relation with --labels)")
+    parser.add_argument("--min-confidence", type=float, default=None, metavar="LOGP",
+                        help="write only the triples the model wrote with at least this confidence: the "
+                             "log-probability of the item's least likely token (e.g. -0.6)")
     parser.add_argument("--labels", default=None, metavar="FILE",
                         help="with --grounded: relation labels (JSON object of id -> label, e.g. DocRED's rel_info.json)")
 
@@ -149,7 +152,8 @@ def read_progress(progress_path: pathlib.Path) -> dict:
 
 def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path, *, batch_size=16,
               max_new_tokens=128, pretext_sentences=10, late_stopping=True, save_every=20, restart=False,
-              progress_bar=True, shard: tuple[int, int] = (0, 1), grounded=False, relations=None):
+              progress_bar=True, shard: tuple[int, int] = (0, 1), grounded=False, relations=None,
+              min_confidence=None):
     """Write `corpus` into `memory` (saved to `memory_dir`), skipping documents finished earlier.
 
     `shard=(I, N)`: only the documents k with k % N == I (k = the record's index in the corpus)."""
@@ -191,7 +195,7 @@ def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path
 
     stats = write_corpus(model, tok, memory, docs, batch_size=batch_size, max_new_tokens=max_new_tokens,
                          pretext_sentences=pretext_sentences, late_stopping=late_stopping, on_batch=on_batch,
-                         grounded=grounded, relations=relations)
+                         grounded=grounded, relations=relations, min_confidence=min_confidence)
     checkpoint()
     bar.close()
     return stats
@@ -213,8 +217,9 @@ def main(args: argparse.Namespace) -> int:
         stats = run_write(model, tok, memory, args.memory, args.corpus, batch_size=args.batch_size,
                           max_new_tokens=args.max_new_tokens, pretext_sentences=args.pretext_sentences,
                           late_stopping=not args.no_late_stopping, save_every=args.save_every, restart=args.restart,
-                          shard=shard, grounded=args.grounded, relations=relations)
+                          shard=shard, grounded=args.grounded, relations=relations,
+                          min_confidence=args.min_confidence)
     except CorpusError as exc:
         raise SystemExit(str(exc)) from exc
-    print(json.dumps({**stats.__dict__, "ungrounded": len(stats.ungrounded)}))
+    print(json.dumps({**stats.__dict__, "ungrounded": len(stats.ungrounded), "unconfident": len(stats.unconfident)}))
     return 0

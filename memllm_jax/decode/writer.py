@@ -57,6 +57,8 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
     tok_B = jnp.where(feed_B, tok_B, 0)
     logits_Bx1xV, cache = model(tok_B[:, None], s.cache.lengths_B[:, None], feed_B[:, None], cache=s.cache)
     T = s.out_BxT.shape[1]
+    at_B = jnp.where(feed_B, s.n_out_B, T)
+    logp_tok_B = jnp.take_along_axis(logp_BxV, tok_B[:, None], 1)[:, 0]
     n_B = s.n_out_B + feed_B.astype(jnp.int32)
     status_B = jnp.where(stop_B, st.STOPPED, s.status_B)
     status_B = jnp.where(feed_B & (n_B >= spec.max_new_tokens), st.BUDGET, status_B)
@@ -65,10 +67,11 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
     return s.replace(
         cache=cache,
         logits_BxV=jnp.where(feed_B[:, None], logits_Bx1xV[:, 0], s.logits_BxV),
-        out_BxT=s.out_BxT.at[jnp.arange(B), jnp.where(feed_B, s.n_out_B, T)].set(tok_B, mode="drop"),
+        out_BxT=s.out_BxT.at[jnp.arange(B), at_B].set(tok_B, mode="drop"),
+        logp_BxT=s.logp_BxT.at[jnp.arange(B), at_B].set(logp_tok_B, mode="drop"),
         n_out_B=n_B,
         status_B=status_B,
-        sum_logp_B=s.sum_logp_B + jnp.where(feed_B, jnp.take_along_axis(logp_BxV, tok_B[:, None], 1)[:, 0], 0.0),
+        sum_logp_B=s.sum_logp_B + jnp.where(feed_B, logp_tok_B, 0.0),
         best_score_B=jnp.where(improve_B, cut_score_B, s.best_score_B),
         best_cut_B=jnp.where(improve_B, s.n_out_B, s.best_cut_B),
         n_cuts_B=s.n_cuts_B + is_cut_B.astype(jnp.int32),
@@ -91,6 +94,7 @@ def _start_and_loop(graphdef, params, cache, logits_BxV, n_active, spec: WriteSp
     B = logits_BxV.shape[0]
     s = st.WriteState(
         cache=cache, logits_BxV=logits_BxV, out_BxT=jnp.zeros((B, spec.max_new_tokens), jnp.int32),
+        logp_BxT=jnp.zeros((B, spec.max_new_tokens)),
         n_out_B=jnp.zeros(B, jnp.int32), status_B=jnp.where(jnp.arange(B) < n_active, st.RUNNING, st.IDLE),
         sum_logp_B=jnp.zeros(B), best_score_B=jnp.full(B, -jnp.inf), best_cut_B=jnp.full(B, -1, jnp.int32),
         n_cuts_B=jnp.zeros(B, jnp.int32), no_improve_B=jnp.zeros(B, jnp.int32))
@@ -122,16 +126,38 @@ def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_
     spec = WriteSpec(max_new_tokens=max_new_tokens, close_id=tokenizer.marker_id[protocol.CALL_END],
                      eos_id=tokenizer.eos_id, max_len=max_len, patience=patience, late_stopping=late_stopping)
     s = _start_and_loop(graphdef, params, cache, logits, jnp.int32(B), spec)
-    out, n, cut, score, n_cuts, status = map(host, (s.out_BxT, s.n_out_B, s.best_cut_B, s.best_score_B, s.n_cuts_B,
-                                                    s.status_B))
+    out, logp, n, cut, score, n_cuts, status = map(host, (s.out_BxT, s.logp_BxT, s.n_out_B, s.best_cut_B,
+                                                           s.best_score_B, s.n_cuts_B, s.status_B))
     mem_write = tokenizer.marker_id[protocol.MEM_WRITE]
     results = []
     for b in range(B):
-        body = out[b, : cut[b]].tolist() if cut[b] >= 0 else out[b, : n[b]].tolist()
+        n_body = cut[b] if cut[b] >= 0 else n[b]
+        body = out[b, :n_body].tolist()
         text = tokenizer.decode([mem_write] + body + ([spec.close_id] if cut[b] >= 0 else []))
-        results.append({"ids": body, "text": text, "cut": int(cut[b]), "score": float(score[b]),
+        results.append({"ids": body, "logps": logp[b, :n_body].tolist(), "text": text, "cut": int(cut[b]), "score": float(score[b]),
                         "n_cuts": int(n_cuts[b]), "n_generated": int(n[b]), "stop": st.STATUS_NAMES[int(status[b])]})
     return results
+
+
+def item_confidences(tokenizer, body_ids: Sequence[int], logps: Sequence[float]) -> dict[protocol.Triple, float]:
+    """How sure the model was of each triple it wrote: the lowest log-probability among the tokens that wrote the
+    item, counting the token that opened it (the choice to write another item rather than close the call).
+
+    `body_ids` / `logps`: a `decode_writes` result's `ids` / `logps` (the call body after `({MEM_WRITE-->`). Items
+    that do not parse are left out; a triple written twice keeps its higher confidence. Never raises."""
+    try:
+        ends = [len(tokenizer.decode(list(body_ids[:i + 1]))) for i in range(len(body_ids))]
+        body = tokenizer.decode(list(body_ids))
+        out: dict[protocol.Triple, float] = {}
+        for a, b in protocol.unescaped_spans(body, protocol.ITEM_SEP):
+            item = protocol.parse_triples(body[a:b]).items
+            starts = [0] + ends[:-1]
+            lp = [logps[i] for i in range(len(body_ids)) if ends[i] > max(a - 1, 0) and starts[i] < b]
+            if len(item) == 1 and lp:
+                out[item[0]] = max(out.get(item[0], -float("inf")), min(lp))
+        return out
+    except Exception:  # noqa: BLE001 - model output is untrusted
+        return {}
 
 
 # ------------------------------------------------------------------------------------------- corpora
@@ -203,6 +229,8 @@ class WriteStats:
     """Tokens generated, including those after the chosen cut."""
     ungrounded: list[protocol.Triple] = dataclasses.field(default_factory=list)
     """Parsed triples dropped by the grounding check (`write_corpus(grounded=True)`), not written."""
+    unconfident: list[protocol.Triple] = dataclasses.field(default_factory=list)
+    """Grounded (or unchecked) triples dropped because the model wrote them with less than `min_confidence`."""
 
 
 def _normalized(text: str) -> str:
@@ -226,11 +254,31 @@ def is_grounded(triple: protocol.Triple, context: str, sentence: str, relations:
     return relations is None or _normalized(triple.relation) in relations
 
 
+def check_written(items: list[protocol.Triple], out: dict, tokenizer, text: tuple[str, str] | None,
+                  relations: Collection[str] | None, min_confidence: float | None
+                  ) -> tuple[list[protocol.Triple], list[protocol.Triple], list[protocol.Triple]]:
+    """`(kept, ungrounded, unconfident)` of the triples parsed from one `decode_writes` result `out`: with `text`
+    (context, focus sentence) only grounded triples are kept (`is_grounded`, against the relation names
+    `relations` if given), with
+    `min_confidence` only those the model wrote with at least that confidence (`item_confidences`)."""
+    ungrounded: list[protocol.Triple] = []
+    unconfident: list[protocol.Triple] = []
+    if text is not None:
+        known = None if relations is None else {_normalized(r) for r in relations}
+        kept = [t for t in items if is_grounded(t, *text, known)]
+        ungrounded, items = [t for t in items if t not in kept], kept
+    if min_confidence is not None and items:
+        conf = item_confidences(tokenizer, out["ids"], out["logps"])
+        kept = [t for t in items if conf.get(t, -float("inf")) >= min_confidence]
+        unconfident, items = [t for t in items if t not in kept], kept
+    return items, ungrounded, unconfident
+
+
 def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_size: int = 16,
                  max_new_tokens: int = 128, pretext_sentences: int = 10, max_prompt_tokens: int = 384,
                  late_stopping: bool = True, patience: int = PATIENCE, make_cache=None,
                  on_batch=None, share_prefixes: bool = True, grounded: bool = False,
-                 relations: Collection[str] | None = None) -> WriteStats:
+                 relations: Collection[str] | None = None, min_confidence: float | None = None) -> WriteStats:
     """Extract triples from every sentence of `documents` and add them to `memory`.
 
     Batches mix sentences of consecutive documents; the prompts of one document share their pretext, which
@@ -240,9 +288,10 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
 
     `grounded`: keep only the triples that pass `is_grounded` (names copied from the text, a known relation
     among `relations` if given); the others are counted in `WriteStats.ungrounded`, not written.
+    `min_confidence`: keep only the triples whose weakest token the model chose with at least this
+    log-probability (`item_confidences`); the others are counted in `WriteStats.unconfident`.
     """
     stats = WriteStats()
-    known = None if relations is None else {_normalized(r) for r in relations}
     split = split_model(model)
     pending: list[tuple[str, str, list[int], tuple[str, str]]] = []  # doc id, provenance, prompt, (context, sentence)
     remaining: dict[str, int] = {}
@@ -260,11 +309,10 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
                 parsed = protocol.parse_write_call(out["text"])  # an unclosed call keeps its items closed by `;`
                 stats.no_cut += out["cut"] < 0
                 stats.malformed += sum(not e.startswith(protocol.TRUNCATION_NOTES) for e in parsed.errors)
-                items = list(parsed.items)
-                if grounded:
-                    kept = [t for t in items if is_grounded(t, *text, known)]
-                    stats.ungrounded += [t for t in items if t not in kept]
-                    items = kept
+                items, ungrounded, unconfident = check_written(list(parsed.items), out, tokenizer,
+                                                               text if grounded else None, relations, min_confidence)
+                stats.ungrounded += ungrounded
+                stats.unconfident += unconfident
                 if items:
                     stats.triples += _add_untrusted(memory, items, source)
                 remaining[doc_id] -= 1

@@ -33,7 +33,7 @@ import dataclasses
 import pathlib
 import re
 import string
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 from memllm_jax import protocol
 from memllm_jax.config import EDITING_MEMORY
@@ -144,18 +144,25 @@ def edit_sentence(rec: EditRecord) -> str:
 
 
 def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord], *, batch_size: int = 16,
-                  max_new_tokens: int = 64, late_stopping: bool = True) -> list[list[protocol.Triple]]:
+                  max_new_tokens: int = 64, late_stopping: bool = True, grounded: bool = False,
+                  relations: Collection[str] | None = None,
+                  min_confidence: float | None = None) -> list[list[protocol.Triple]]:
     """Triples the memory-write model extracts from each edit sentence (by default with late stopping, paper
-    Appendix A)."""
-    from memllm_jax.decode.writer import decode_writes
+    Appendix A). `grounded` / `relations` / `min_confidence`: the memory stage's checks (`writer.check_written`),
+    with the edit sentence as both the document and the focus sentence."""
+    from memllm_jax.decode.writer import check_written, decode_writes
 
-    prompts = [[tok.bos_id] + tok.encode(protocol.format_write_prompt("", edit_sentence(r))
-                                         + protocol.MEM_WRITE) for r in records]
+    sentences = [edit_sentence(r) for r in records]
+    prompts = [[tok.bos_id] + tok.encode(protocol.format_write_prompt("", s) + protocol.MEM_WRITE) for s in sentences]
     out: list[list[protocol.Triple]] = []
     for i in range(0, len(prompts), batch_size):
         res = decode_writes(write_model, tok, prompts[i:i + batch_size], max_new_tokens=max_new_tokens,
                             pad_to=batch_size, late_stopping=late_stopping)
-        out += [list(protocol.parse_write_call(r["text"]).items) for r in res]  # unclosed: items closed by `;`
+        for sentence, r in zip(sentences[i:i + batch_size], res):
+            items = list(protocol.parse_write_call(r["text"]).items)  # unclosed: items closed by `;`
+            kept, _, _ = check_written(items, r, tok, (sentence, sentence) if grounded else None, relations,
+                                        min_confidence)
+            out.append(kept)
     return out
 
 
@@ -222,14 +229,17 @@ def _score(records, ans_src, ans_reph, ans_loc, ans_loc_base, edits, regime) -> 
 def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, records: Sequence[EditRecord], *,
                      shots: Sequence[Shot] = ZSRE_SHOTS, regimes: Sequence[str] = ("sequential", "single"),
                      memory_config=EDITING_MEMORY, batch_size: int = 16, max_new_tokens: int = 24,
-                     style: str = "qa", late_stopping: bool = True,
+                     style: str = "qa", late_stopping: bool = True, grounded: bool = False,
+                     relations: Collection[str] | None = None, min_confidence: float | None = None,
                      progress: Callable[[str], None] | None = None) -> dict[str, EditingResult]:
-    """REL / GEN / LOC after all edits written in sequence ("sequential") and with one edit at a time ("single")."""
+    """REL / GEN / LOC after all edits written in sequence ("sequential") and with one edit at a time ("single").
+    The edits are written with the memory stage's checks (`grounded`, `relations`, `min_confidence`)."""
     from memllm_jax.memory import TripleMemory
 
     say = progress or (lambda _m: None)
     say(f"  editing: writing {len(records)} edits with the memory-write model")
-    edits = extract_edits(write_model, tok, records, batch_size=batch_size, late_stopping=late_stopping)
+    edits = extract_edits(write_model, tok, records, batch_size=batch_size, late_stopping=late_stopping,
+                          grounded=grounded, relations=relations, min_confidence=min_confidence)
     ask = lambda mem, qs: answer_questions(read_model, tok, mem, qs, shots, max_new_tokens=max_new_tokens,  # noqa: E731
                                            batch_size=batch_size, style=style)
     empty = TripleMemory(encoder, memory_config)
