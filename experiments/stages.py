@@ -150,9 +150,11 @@ def _write_budget(self) -> dict:
 
 
 def _edit_checks(self) -> dict:
-    """The memory stage's write settings for the edits of Table 3 (decoding, grounding, confidence)."""
+    """How the edits of Table 3 are written: the memory stage's decoding, and its grounding and confidence checks
+    when `editing_write_checks`."""
     budget = _write_budget(self)
-    return {k: budget[k] for k in ("late_stopping", "grounded", "relations", "min_confidence")}
+    checks = ("grounded", "relations", "min_confidence") if self.cfg.editing_write_checks else ()
+    return {k: budget[k] for k in ("late_stopping",) + checks}
 
 
 def _write_eval(self, mw, eval_docs, on_batch=None):
