@@ -12,8 +12,8 @@ grounded writes (both names copied from the document, one from the focus sentenc
 re-checking the 96-step model's written memory this way raised its precision from 0.65 to 0.76 at recall 0.82 ->
 0.81); it keeps only the triples the model wrote with confidence >= -0.6 (the log-probability of the item's
 least likely token), the threshold with the highest recall at precision >= 0.8 on the 60 outside documents,
-which serve as the development set (there: precision 0.697 -> 0.815, recall 0.842 -> 0.746); and the edited memory
-of the Table 3 analogue puts exact names first (with Appendix D's thresholds alone a query returns 2-5 similar
+which serve as the development set (there: precision 0.697 -> 0.815, recall 0.842 -> 0.746); and the edited
+memory of the Table 3 analogue puts exact names first (with Appendix D's thresholds alone a query returns 2-5 similar
 held-out names, and the sequential edits' REL fell to 0.34 against 0.68 for single edits). The edits of the
 Table 3 analogue are written without the grounding and confidence checks (`editing_write_checks`), which cost
 more correct edits than they saved."""
