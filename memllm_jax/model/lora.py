@@ -7,6 +7,7 @@ adapters (memory-write, memory-read) share one base by swapping that state (`get
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Sequence
 
@@ -65,8 +66,24 @@ class LoRA(nnx.Module):
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
         if self.dropout is not None:
             x = self.dropout(x, deterministic=deterministic)
-        h = _contract(x, self.a[...].astype(x.dtype), self.n_in)
-        return _contract(h, self.b[...].astype(x.dtype), 1) * jnp.asarray(self.scale, x.dtype)
+        return self.up(_contract(x, self.scaled_a(x.dtype), self.n_in))
+
+    @property
+    def rank(self) -> int:
+        return self.a[...].shape[-1]
+
+    def scaled_a(self, dtype) -> jax.Array:
+        """`(alpha / r) * A` in `dtype`. The scale goes on the small factor rather than on the `tokens x out`
+        output: no extra pass over the activations, forward or backward (exact for a power-of-two scale)."""
+        return (self.a[...].astype(jnp.float32) * self.scale).astype(dtype)
+
+    def up(self, h: jax.Array) -> jax.Array:
+        """`h @ B` for `h = x @ scaled_a` of shape `[..., r]`."""
+        return _contract(h, self.b[...].astype(h.dtype), 1)
+
+    def sees_input(self, deterministic: bool) -> bool:
+        """True when the adapter reads its layer's input unchanged (no dropout mask in this call)."""
+        return self.dropout is None or deterministic
 
     def delta(self, layer: int | None = None) -> jax.Array:
         """(alpha / r) * A B in float32, shaped like the adapted kernel. An adapter of scanned layers has a
@@ -79,6 +96,20 @@ class LoRA(nnx.Module):
         if not stacked:
             return _contract(a, b, 1) * self.scale
         return jax.vmap(lambda a_l, b_l: _contract(a_l, b_l, 1))(a, b) * self.scale
+
+
+def shared_input_hidden(x: jax.Array, adapters: Sequence[LoRA]) -> list[jax.Array]:
+    """`[x @ scaled_a for each adapter]` for adapters that read the same input `x` (e.g. those of q, k and v), as
+    one matmul over their concatenated A factors. A rank-16 matmul is memory bound on CPU (it costs about a
+    read of `x`), so one for all adapters of a shared input, forward and backward (there the input gradients
+    `dh @ A^T` of all adapters become one matmul too), instead of one each."""
+    n_in = adapters[0].n_in
+    if len(adapters) == 1:
+        return [_contract(x, adapters[0].scaled_a(x.dtype), n_in)]
+    a = jnp.concatenate([adapter.scaled_a(x.dtype) for adapter in adapters], axis=-1)
+    h = _contract(x, a, n_in)
+    ends = list(itertools.accumulate(adapter.rank for adapter in adapters))
+    return [h[..., end - adapter.rank : end] for adapter, end in zip(adapters, ends)]
 
 
 class TokenLoRA(nnx.Module):

@@ -16,7 +16,7 @@ from flax import nnx, struct
 
 from memllm_jax.config import LoraConfig, ModelConfig
 from memllm_jax.model import init
-from memllm_jax.model.lora import LoRA, TokenLoRA, _contract
+from memllm_jax.model.lora import LoRA, TokenLoRA, _contract, shared_input_hidden
 from memllm_jax.model.splash import SPLASH_OPTIONS, splash_attention, splash_segments
 from memllm_jax.sharding import constrain
 
@@ -91,10 +91,30 @@ class Linear(nnx.Module):
         )
 
     def __call__(self, x: jax.Array, deterministic: bool = True, out_dtype=None) -> jax.Array:
-        y = _contract(x, self.kernel[...].astype(x.dtype), self.n_in, out_dtype)
+        y = self.base(x, out_dtype)
         if self.lora is not None:
             y = y + self.lora(x, deterministic).astype(y.dtype)
         return y
+
+    def base(self, x: jax.Array, out_dtype=None) -> jax.Array:
+        """The frozen kernel's part, `x @ kernel`."""
+        return _contract(x, self.kernel[...].astype(x.dtype), self.n_in, out_dtype)
+
+
+def project(x: jax.Array, linears: Sequence[Linear], deterministic: bool) -> list[jax.Array]:
+    """`[linear(x, deterministic) for linear in linears]` for linears that read the same `x` (q, k, v; gate, up):
+    the adapters that see `x` unchanged (no dropout in this call) apply their A factors as one matmul
+    (`lora.shared_input_hidden`); the others apply themselves."""
+    ys = [linear.base(x) for linear in linears]
+    shared = [i for i, linear in enumerate(linears) if linear.lora is not None and linear.lora.sees_input(deterministic)]
+    if shared:
+        hidden = shared_input_hidden(x, [linears[i].lora for i in shared])
+        for i, h in zip(shared, hidden):
+            ys[i] = ys[i] + linears[i].lora.up(h).astype(ys[i].dtype)
+    for i, linear in enumerate(linears):
+        if linear.lora is not None and i not in shared:
+            ys[i] = ys[i] + linear.lora(x, deterministic).astype(ys[i].dtype)
+    return ys
 
 
 class RMSNorm(nnx.Module):
@@ -158,9 +178,9 @@ class Attention(nnx.Module):
         arrays, see `unstack_cache`). The new keys/values are scattered straight into the given arrays
         (no per-layer copy and re-stack), so inside a jitted loop XLA updates the carried cache in place."""
         B, L, _ = x_BxLxD.shape
-        q_BxLxNxH = apply_rope(self.q(x_BxLxD, deterministic), cos_BxLxH, sin_BxLxH)
-        k_BxLxKxH = apply_rope(self.k(x_BxLxD, deterministic), cos_BxLxH, sin_BxLxH)
-        v_BxLxKxH = self.v(x_BxLxD, deterministic)
+        q_BxLxNxH, k_BxLxKxH, v_BxLxKxH = project(x_BxLxD, (self.q, self.k, self.v), deterministic)
+        q_BxLxNxH = apply_rope(q_BxLxNxH, cos_BxLxH, sin_BxLxH)
+        k_BxLxKxH = apply_rope(k_BxLxKxH, cos_BxLxH, sin_BxLxH)
         q_BxLxNxH = constrain(q_BxLxNxH, ("batch", "seq", "q_heads", "head_dim"))
         if cache_kv is None:
             k_BxSxKxH, v_BxSxKxH = k_BxLxKxH, v_BxLxKxH
@@ -229,7 +249,8 @@ class MLP(nnx.Module):
         self.down = Linear((F,), (D,), ("mlp",), ("embed",), lora=_targets(lora, "down"), std=down_std, **kw)
 
     def __call__(self, x_BxLxD, deterministic):
-        h_BxLxF = jax.nn.silu(self.gate(x_BxLxD, deterministic)) * self.up(x_BxLxD, deterministic)
+        gate_BxLxF, up_BxLxF = project(x_BxLxD, (self.gate, self.up), deterministic)
+        h_BxLxF = jax.nn.silu(gate_BxLxF) * up_BxLxF
         h_BxLxF = constrain(h_BxLxF, ("batch", "seq", "mlp"))
         return self.down(h_BxLxF, deterministic)
 
