@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-peer", action="store_true", help="skip HF + PEFT")
     parser.add_argument("--full-head", action="store_true",
                         help="also time our step with logits at every position (TrainConfig.sparse_head=False)")
+    parser.add_argument("--default-malloc", action="store_true",
+                        help="leave glibc malloc as it is, as a process that does not call "
+                             "train.host_memory.keep_freed_memory (as `memllm train` does) runs")
 
 
 def step_flops(cfg, lora_rank: int, targets: tuple[str, ...], B: int, L: int, head_tokens: int | None = None) -> float:
@@ -132,6 +135,9 @@ def hf_peft(cfg, lora_cfg, tcfg, batch):
 
 
 def main(args: argparse.Namespace) -> int:
+    from memllm_jax.train.host_memory import keep_freed_memory
+
+    kept = False if args.default_malloc else keep_freed_memory()  # first: before JAX and torch allocate
     import torch
 
     from memllm_jax.config import PRESETS, LoraConfig
@@ -168,6 +174,8 @@ def main(args: argparse.Namespace) -> int:
           f"{args.trainable_tokens} trainable embedding rows, "
           f"batch {args.batch} x {args.seq_len} tokens (loss on the second half of each row), {cfg.compute_dtype}, "
           f"{flops / 1e9:.1f} GFLOP/step; median of {args.repeats}")
+    print("host memory: " + ("freed memory kept for reuse (train.host_memory.keep_freed_memory, as in `memllm train`; "
+                             "for every contender of this process)" if kept else "glibc malloc defaults"))
     print(markdown_table(["contender", "ms/step", "tokens/s", "GFLOP/s", "of matmul ceiling"], rows))
     if "hf+peft" in t:
         print(f"memllm_jax vs HF+PEFT tokens/s: {ratio_row(t['memllm_jax'], t['hf+peft'])}  (goal >= 1.5x)")

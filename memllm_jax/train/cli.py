@@ -70,6 +70,9 @@ def resolve_config(spec: str, assignments: list[str], point: str | None = None):
 
 
 def main(args: argparse.Namespace) -> int:
+    from memllm_jax.train.host_memory import keep_freed_memory
+
+    keep_freed_memory()  # before JAX starts: the steps reuse their temporary buffers' pages
     explicit = (args.coordinator, args.num_processes, args.process_id)
     if any(x is not None for x in explicit) and not args.distributed:
         raise SystemExit("--coordinator / --num-processes / --process-id: only with --distributed")

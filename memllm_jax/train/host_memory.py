@@ -1,0 +1,50 @@
+"""Reuse freed host memory across training steps instead of page-faulting it in again every step.
+
+On Linux with glibc, XLA's CPU runtime allocates each execution's temporary buffer afresh (2.5 GB for the
+SmolLM2-135M LoRA step at batch 4 x 256); glibc serves an allocation that large with its own `mmap` and unmaps
+it when freed, so every step faults the whole buffer in again: ~660k minor page faults, each a page the kernel
+zeroes. Measured on the 2-core host: 1.4-1.8 s of system CPU time in a ~5 s step, the step ~1.27x slower than
+with the memory kept (4.84 s against 3.79 s, median of 15 steps each), and most of its step-to-step spread.
+
+`keep_freed_memory` sets glibc's malloc to serve every allocation from its main heap (one arena, no `mmap`) and
+to never give freed heap memory back to the system, so from the second step on the buffer's pages are reused.
+The process then holds its peak memory until it exits, as a training process does anyway.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+M_TRIM_THRESHOLD = -1
+M_MMAP_MAX = -4
+M_ARENA_MAX = -8
+
+
+def _jax_backend_started() -> bool:
+    """Whether JAX has created its clients: their threads have then picked their malloc arenas already, and an
+    allocation made from another arena than the main one still goes to `mmap`."""
+    if "jax" not in sys.modules:
+        return False
+    try:
+        from jax._src import xla_bridge
+    except ImportError:
+        return False
+    return bool(xla_bridge.backends_are_initialized())
+
+
+def keep_freed_memory() -> bool:
+    """Apply the glibc malloc settings of the module docstring; True when applied. Does nothing (False) off
+    Linux, without glibc's `mallopt`, or once JAX's backend has started (call it first thing in a process)."""
+    if not sys.platform.startswith("linux") or _jax_backend_started():
+        return False
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # One arena: threads' arenas other than the main one would still `mmap` large blocks. -1 is SIZE_MAX as
+    # glibc reads the trim threshold: never trim.
+    settings = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))
+    return all(mallopt(option, value) == 1 for option, value in settings)
