@@ -55,6 +55,9 @@ def sweep_points(module) -> list[tuple[str, tuple[str, ...]]]:
 def main(args: argparse.Namespace) -> int:
     from experiments.pipeline import STAGES, Pipeline, PipelineConfig
     from memllm_jax.config import override
+    from memllm_jax.train.host_memory import keep_freed_memory
+
+    keep_freed_memory()  # before JAX starts: the training and decoding steps reuse their buffers' pages
 
     module = load_config_module(args.config)
     base = module.get_config()
