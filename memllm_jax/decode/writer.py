@@ -134,8 +134,9 @@ def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_
         n_body = cut[b] if cut[b] >= 0 else n[b]
         body = out[b, :n_body].tolist()
         text = tokenizer.decode([mem_write] + body + ([spec.close_id] if cut[b] >= 0 else []))
-        results.append({"ids": body, "logps": logp[b, :n_body].tolist(), "text": text, "cut": int(cut[b]), "score": float(score[b]),
-                        "n_cuts": int(n_cuts[b]), "n_generated": int(n[b]), "stop": st.STATUS_NAMES[int(status[b])]})
+        results.append({"ids": body, "logps": logp[b, :n_body].tolist(), "text": text, "cut": int(cut[b]),
+                        "score": float(score[b]), "n_cuts": int(n_cuts[b]), "n_generated": int(n[b]),
+                        "stop": st.STATUS_NAMES[int(status[b])]})
     return results
 
 
@@ -146,12 +147,12 @@ def item_confidences(tokenizer, body_ids: Sequence[int], logps: Sequence[float])
     `body_ids` / `logps`: a `decode_writes` result's `ids` / `logps` (the call body after `({MEM_WRITE-->`). Items
     that do not parse are left out; a triple written twice keeps its higher confidence. Never raises."""
     try:
-        ends = [len(tokenizer.decode(list(body_ids[:i + 1]))) for i in range(len(body_ids))]
+        ends = [len(tokenizer.decode(list(body_ids[:i + 1]))) for i in range(len(body_ids))]  # token i's text end
+        starts = [0] + ends[:-1]
         body = tokenizer.decode(list(body_ids))
         out: dict[protocol.Triple, float] = {}
         for a, b in protocol.unescaped_spans(body, protocol.ITEM_SEP):
             item = protocol.parse_triples(body[a:b]).items
-            starts = [0] + ends[:-1]
             lp = [logps[i] for i in range(len(body_ids)) if ends[i] > max(a - 1, 0) and starts[i] < b]
             if len(item) == 1 and lp:
                 out[item[0]] = max(out.get(item[0], -float("inf")), min(lp))
@@ -259,8 +260,8 @@ def check_written(items: list[protocol.Triple], out: dict, tokenizer, text: tupl
                   ) -> tuple[list[protocol.Triple], list[protocol.Triple], list[protocol.Triple]]:
     """`(kept, ungrounded, unconfident)` of the triples parsed from one `decode_writes` result `out`: with `text`
     (context, focus sentence) only grounded triples are kept (`is_grounded`, against the relation names
-    `relations` if given), with
-    `min_confidence` only those the model wrote with at least that confidence (`item_confidences`)."""
+    `relations` if given), with `min_confidence` only those the model wrote with at least that confidence
+    (`item_confidences`)."""
     ungrounded: list[protocol.Triple] = []
     unconfident: list[protocol.Triple] = []
     if text is not None:

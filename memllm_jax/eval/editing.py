@@ -233,7 +233,7 @@ def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, 
                      relations: Collection[str] | None = None, min_confidence: float | None = None,
                      progress: Callable[[str], None] | None = None) -> dict[str, EditingResult]:
     """REL / GEN / LOC after all edits written in sequence ("sequential") and with one edit at a time ("single").
-    The edits are written with the memory stage's checks (`grounded`, `relations`, `min_confidence`)."""
+    `grounded` / `relations` / `min_confidence`: write the edits with the memory stage's checks (`extract_edits`)."""
     from memllm_jax.memory import TripleMemory
 
     say = progress or (lambda _m: None)
