@@ -91,16 +91,19 @@ BATCH = ["ab({MEM_READ(x>>r>>)-->Paris})cd", "ac({MEM_READ(y>>r>>)-->Rome;Oslo})
          "a({MEM_READ(y>>r>>)-->Rome;Oslo})bbbbbbbbbbbbbbbbbbbb({MEM_READ(x>>r>>)-->Paris})c"]
 
 
-@pytest.mark.parametrize("answer_width", [64, 3], ids=["in_loop", "long_feeds_via_host"])
-def test_batch_16_matches_the_host_path(answer_width):
+@pytest.mark.parametrize("answer_width,host_callback", [(64, "auto"), (64, "io"), (3, "auto")],
+                         ids=["in_loop", "in_loop_io_callback", "long_feeds_via_host"])
+def test_batch_16_matches_the_host_path(answer_width, host_callback):
     """Rows close calls at the same and at different steps; with a 3-token queue most answers and re-fed
-    texts are prefilled by the host instead (HOST_FEED), with the same results."""
+    texts are prefilled by the host instead (HOST_FEED), with the same results. The loop calls the host by
+    `buffer_callback` on CPU ("auto"), or by `io_callback` as on TPU."""
     model, prompts = _row_scripts(BATCH)
     ids = [reader.encode_prompt(TOK, p) for p in prompts]
     runs = {}
     for reads in ("host", "in_loop"):
         mem = FakeMemory(FACTS)
         ctrl = reader.ReadController(model, TOK, mem, max_len=128, chunk=8, reads=reads, answer_width=answer_width)
+        ctrl.spec = dataclasses.replace(ctrl.spec, host_callback=host_callback)
         runs[reads] = (ctrl.run(ids, 48, model.make_cache), mem, ctrl.last_state.cache.lengths_B.tolist())
     (host, host_mem, host_len), (inloop, mem, inloop_len) = runs["host"], runs["in_loop"]
     _assert_same(host, inloop, host_mem, mem)
@@ -156,6 +159,13 @@ def test_forced_read_gold_queries_and_per_row_memories_match():
     assert [r.calls[0].result for r in inloop] == [("Paris",), ("Rome",), ()]
 
 
+def test_an_unknown_host_callback_is_refused():
+    ctrl = reader.ReadController(scripted("a"), TOK, FakeMemory({}), max_len=64, chunk=8, reads="in_loop")
+    ctrl.spec = dataclasses.replace(ctrl.spec, host_callback="grpc")
+    with pytest.raises(ValueError, match="host_callback"):
+        ctrl.run([[TOK.bos_id] + TOK.encode("Q|")], 4, scripted("a").make_cache)
+
+
 def test_a_failing_memory_raises_after_the_loop_instead_of_inside_it():
     class Broken:
         def query(self, queries):
@@ -167,8 +177,9 @@ def test_a_failing_memory_raises_after_the_loop_instead_of_inside_it():
         generate_with_memory(scripted("a"), TOK, FakeMemory({}), ["Q|"], 4, reads="device")
 
 
+@pytest.mark.parametrize("host_callback", ["auto", "io"], ids=["buffer_callback", "io_callback"])
 @pytest.mark.parametrize("facts", [{("x", "r", None): ["P"]}, {}], ids=["kept", "empty"])
-def test_real_decoder_matches_host_path_and_rewinds_the_cache_exactly(facts):
+def test_real_decoder_matches_host_path_and_rewinds_the_cache_exactly(facts, host_callback):
     """On the real decoder (test_decode_parity's biased Mistral): same tokens and calls as the host path, and
     after in-loop answers and removals the cache and next-token logits equal a fresh prefill of the context."""
     from test_decode_parity import MODEL, PROMPTS, TOK as PTOK, _check_state_matches_fresh_context
@@ -177,6 +188,7 @@ def test_real_decoder_matches_host_path_and_rewinds_the_cache_exactly(facts):
     runs = {}
     for reads in ("host", "in_loop"):
         ctrl = reader.ReadController(MODEL, PTOK, FakeMemory(facts), max_len=128, chunk=4, reads=reads)
+        ctrl.spec = dataclasses.replace(ctrl.spec, host_callback=host_callback)
         runs[reads] = (ctrl, ctrl.run(ids, 40, MODEL.make_cache))
     assert [dataclasses.asdict(r) for r in runs["in_loop"][1]] == [dataclasses.asdict(r) for r in runs["host"][1]]
     reasons = {c.reason for r in runs["in_loop"][1] for c in r.calls}

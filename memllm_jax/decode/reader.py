@@ -6,8 +6,8 @@ removal by rewinding) is `calls.CallBook`, shared by the two ways of serving a r
   its context pauses; the jitted loop exits once enough rows wait (`LoopSpec.exit_paused`); the host answers
   every paused row with one batched memory call, prefills the answers / re-fed text and re-enters the loop.
 * `reads="in_loop"`: the loop never exits for a read. At a step where some rows close or reopen a call, a host
-  callback (`jax.experimental.io_callback`) runs the same `CallBook` logic for those rows (one batched memory
-  call) and returns, per row, the cache length to rewind to and the tokens to feed next, which the loop then
+  callback (`jax.experimental.buffer_callback` on CPU and GPU, `io_callback` elsewhere:
+  `LoopSpec.host_callback`) runs the same `CallBook` logic for those rows (one batched memory call) and returns, per row, the cache length to rewind to and the tokens to feed next, which the loop then
   feeds as forced tokens, one per step, while the other rows keep sampling. Call removal is done inside the
   loop too (rewinding is setting `lengths_B`; the re-fed text is forced tokens). Only a feed longer than the
   forced-token queue (`answer_width`, e.g. a long answer, or long text re-fed after removing an earlier call)
