@@ -7,8 +7,9 @@ removal by rewinding) is `calls.CallBook`, shared by the two ways of serving a r
   every paused row with one batched memory call, prefills the answers / re-fed text and re-enters the loop.
 * `reads="in_loop"`: the loop never exits for a read. At a step where some rows close or reopen a call, a host
   callback (`jax.experimental.buffer_callback` on CPU and GPU, `io_callback` elsewhere:
-  `LoopSpec.host_callback`) runs the same `CallBook` logic for those rows (one batched memory call) and returns, per row, the cache length to rewind to and the tokens to feed next, which the loop then
-  feeds as forced tokens, one per step, while the other rows keep sampling. Call removal is done inside the
+  `LoopSpec.host_callback`) runs the same `CallBook` logic for those rows (one batched memory call) and
+  returns, per row, the cache length to rewind to and the tokens to feed next, which the loop then feeds as
+  forced tokens, one per step, while the other rows keep sampling. Call removal is done inside the
   loop too (rewinding is setting `lengths_B`; the re-fed text is forced tokens). Only a feed longer than the
   forced-token queue (`answer_width`, e.g. a long answer, or long text re-fed after removing an earlier call)
   exits to the host, which prefills it (`state.HOST_FEED`). With greedy decoding both give the same tokens,
