@@ -214,8 +214,9 @@ def release_server(server_id: int) -> None:
 def _dispatch(server_id, packed_Bx6pC):
     """The callback's host side: unpack `_pack_request`, run the server, pack its answer as `_call_server`
     unpacks it."""
-    status, n_out, lengths, budget, in_call, active = np.asarray(packed_Bx6pC)[:, :6].T
-    out_BxC = np.asarray(packed_Bx6pC)[:, 6:]
+    packed_Bx6pC = np.asarray(packed_Bx6pC)
+    status, n_out, lengths, budget, in_call, active = packed_Bx6pC[:, :6].T
+    out_BxC = packed_Bx6pC[:, 6:]
     status, lengths, forced_BxF, n_forced, ban, in_call, active = _SERVERS[int(server_id)].serve(
         status, out_BxC, n_out, lengths, budget, in_call.astype(bool), active.astype(bool))
     columns = np.stack([status, lengths, n_forced, ban, in_call, active], axis=1).astype(np.int32)
