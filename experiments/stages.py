@@ -339,7 +339,7 @@ def stage_editing(self):
         raise InputError(f"PipelineConfig.editing_memory must be one of {sorted(MEMORY_PRESETS)}, got "
                          f"{self.cfg.editing_memory!r}")
     res = evaluate_editing(self.model("mw"), self.model("mr"), self.tokenizer(), self.encoder(), records, shots=shots,
-                           memory_config=memory_config,
+                           memory_config=memory_config, max_new_tokens=self.cfg.editing_max_new_tokens,
                            regimes=self.cfg.editing_regimes, style=style, **_edit_checks(self), progress=self.say)
     out = {k: v.to_json() for k, v in res.items()}
     # a ZsRE file's results sit next to the synthetic analogue's: `table3_<file stem>.*`
