@@ -104,7 +104,9 @@ class PipelineConfig:
     editing_max_new_tokens: int = 48
     """Tokens generated per editing question: the forced read's query (a two-part query with its inverse takes
     about 30), its answer and the answer text. 24 cut off 7 of the 60 failed sequential REL questions of the
-    embedded default before their query closed (2026-11-23: REL / GEN 0.70 / 0.685 with 24, 0.725 / 0.71 with 48)."""
+    embedded default before their query closed. Same seed-0 adapters, 2026-11-23, REL / GEN / LOC: 24 tokens
+    sequential 0.68 / 0.68 / 1.00, single 0.83 / 0.85 / 1.00; 48 tokens 0.70 / 0.69 / 1.00 and 0.865 / 0.88 / 1.00
+    (the editing stage about twice as long)."""
     editing_memory: str = "editing"
     """Retrieval thresholds of the edited memory: "editing" (paper Appendix D: tau_e 0.85, tau_t 0.2, tau_r 0.6,
     chosen for ZsRE questions whose relation words differ from the stored labels), "editing_exact" (the same,
