@@ -16,6 +16,9 @@ def test_stage_keys_cover_earlier_settings():
     assert stage_key(a, "table2") != stage_key(PipelineConfig(rows=("row7",)), "table2")
     assert stage_key(a, "pretrain") == stage_key(PipelineConfig(rows=("row7",)), "pretrain")  # rows do not retrain
     assert stage_key(a, "table2") != stage_key(PipelineConfig(synth_docs=10), "table2")  # new corpus redoes everything
+    longer = PipelineConfig(editing_max_new_tokens=96)  # the answer budget reruns the editing stage only
+    assert stage_key(a, "editing") != stage_key(longer, "editing")
+    assert stage_key(a, "table2") == stage_key(longer, "table2")
 
 
 def test_corpus_and_tokenizer_stages_run_and_resume(tmp_path):
