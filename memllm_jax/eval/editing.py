@@ -167,7 +167,7 @@ def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord], *, 
 
 
 def answer_questions(read_model: Any, tok: Any, memory: Any, questions: Sequence[str], shots: Sequence[Shot], *,
-                     max_new_tokens: int = 24, batch_size: int = 16, style: str = "qa") -> list[str]:
+                     max_new_tokens: int = 48, batch_size: int = 16, style: str = "qa") -> list[str]:
     """Answers with a forced read: `style="qa"` asks `questions` in the 5-shot prompt; `"cloze"` continues
     each question as a sentence start (no shots). `memory`: one memory, or one per question."""
     from memllm_jax.decode.reader import generate_with_memory
@@ -228,7 +228,7 @@ def _score(records, ans_src, ans_reph, ans_loc, ans_loc_base, edits, regime) -> 
 
 def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, records: Sequence[EditRecord], *,
                      shots: Sequence[Shot] = ZSRE_SHOTS, regimes: Sequence[str] = ("sequential", "single"),
-                     memory_config=EDITING_MEMORY, batch_size: int = 16, max_new_tokens: int = 24,
+                     memory_config=EDITING_MEMORY, batch_size: int = 16, max_new_tokens: int = 48,
                      style: str = "qa", late_stopping: bool = True, grounded: bool = False,
                      relations: Collection[str] | None = None, min_confidence: float | None = None,
                      progress: Callable[[str], None] | None = None) -> dict[str, EditingResult]:
