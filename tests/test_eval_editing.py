@@ -22,9 +22,31 @@ def test_normalisation_and_answer_extraction():
 
 def test_scoring_rule():
     recs = [EditRecord("q1?", "r1?", "Naples", "l1?"), EditRecord("q2?", "r2?", "Rome", "l2?")]
-    res = _score(recs, ["naples", "Milan"], ["The Naples", "rome"], ["x", "y"], ["x", "z"], [[], []], "sequential")
+    res = _score(recs, ["naples", "Milan"], ["The Naples", "rome"], ["x", "y"], ["x", "z"], [[], []], "sequential",
+                 [False, True])
     assert (res.rel, res.gen, res.loc) == (0.5, 1.0, 0.5)
     assert res.avg == pytest.approx((0.5 + 1.0 + 0.5) / 3)
+    assert (res.edits_in_memory, res.rel_in_memory, res.gen_in_memory) == (1, 0.0, 1.0)
+
+
+def test_edits_in_memory_follow_replacement():
+    """An edit counts as held only while a triple it wrote with the new object is stored: a later edit's triple
+    with the same subject and relation replaces it, and an edit that wrote another object never counts."""
+    from memllm_jax.memory import TripleMemory
+    from memllm_jax.memory.encoder import load_encoder
+    from memllm_jax.config import EDITING_MEMORY
+
+    T = protocol.Triple
+    recs = [EditRecord("Ann lives in ", "r", "Rome", "l"), EditRecord("Ann was born in ", "r", "Oslo", "l"),
+            EditRecord("Bob lives in ", "r", "Paris", "l"), EditRecord("Cy works for ", "r", "Acme", "l")]
+    edits = [[T("Ann", "residence", "Rome")],
+             [T("Ann", "place of birth", "Oslo"), T("Ann", "residence", "Oslo")],  # extra triple replaces edit 0's
+             [T("Bob", "residence", "the Paris")],  # "the" is dropped by the answer normalisation
+             [T("Cy", "employer", "Acne")]]  # a copy error: not the new object
+    mem = TripleMemory(load_encoder("hash:16"), EDITING_MEMORY)
+    for k, triples in enumerate(edits):
+        mem.add(triples, source=f"edit{k}", replace=True)
+    assert editing.edits_in_memory(recs, mem.records()) == [False, True, True, False]
 
 
 def test_prompt_has_one_full_read_shot_and_a_forced_read():

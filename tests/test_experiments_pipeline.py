@@ -45,8 +45,10 @@ def test_tables_and_plot(tmp_path):
     md = table2_markdown(res)
     assert "| Baseline #2 |" in md and "| ⑨ |" in md and "4.997" in md and "1.194" in md and "paper" in md
     assert md.index("Baseline #2") < md.index("⑨")
-    md3 = table3_markdown({"sequential": {"n_edits": 24, "rel": 0.5, "gen": 0.25, "loc": 1.0, "avg": 0.5833}})
-    assert "| MemLLM (ours, sequential) | 24 | 0.50 | 0.25 | 1.00 | 0.58 |" in md3 and "WISE (paper" in md3
+    md3 = table3_markdown({"sequential": {"n_edits": 24, "rel": 0.5, "gen": 0.25, "loc": 1.0, "avg": 0.5833,
+                                          "edits_in_memory": 20, "rel_in_memory": 0.6, "gen_in_memory": 0.3}})
+    assert "| MemLLM (ours, sequential) | 24 | 0.50 | 0.25 | 1.00 | 0.58 | 20 of 24 (0.60 / 0.30) |" in md3
+    assert "WISE (paper" in md3
     pts = [{"distractors": 0, "triples": 10, "ppl": {"overall": 3.0, "target": 2.0, "entity": 2.5}, "target_in_results": 4}]
     growth = [{"added": 10, "triples": 10, "entities": 12, "relations": 3, "records_per_triple": 1.5}]
     assert "1.500" in scaling_markdown(pts, growth)

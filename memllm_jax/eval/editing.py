@@ -202,6 +202,13 @@ class EditingResult:
     written_triples: int
     edits_with_triples: int
     examples: list[dict]
+    edits_in_memory: int = 0
+    """Records whose edit is still in the memory when the questions are asked: a triple with the new object that
+    their edit wrote, not replaced by a later edit's triple with the same subject and relation."""
+    rel_in_memory: float = 0.0
+    """REL over those records only: how well the read model uses edits the memory holds (the rest failed at the
+    write, or a later edit overwrote theirs)."""
+    gen_in_memory: float = 0.0
 
     @property
     def avg(self) -> float:
@@ -213,17 +220,27 @@ class EditingResult:
         return d
 
 
-def _score(records, ans_src, ans_reph, ans_loc, ans_loc_base, edits, regime) -> EditingResult:
+def edits_in_memory(records: Sequence[EditRecord], memory_records: Sequence[dict]) -> list[bool]:
+    """Per edit record k: does the memory (its `records()`, edits stored with source `edit{k}`) still hold a
+    triple of that edit whose object is the record's new object?"""
+    held = {(m["source"], normalize_answer(m["object"])) for m in memory_records}
+    return [(f"edit{k}", normalize_answer(r.alt)) in held for k, r in enumerate(records)]
+
+
+def _score(records, ans_src, ans_reph, ans_loc, ans_loc_base, edits, regime, in_memory) -> EditingResult:
     eq = lambda a, b: normalize_answer(a) == normalize_answer(b)  # noqa: E731
     rel = [eq(a, r.alt) for a, r in zip(ans_src, records)]
     gen = [eq(a, r.alt) for a, r in zip(ans_reph, records)]
     loc = [eq(a, b) for a, b in zip(ans_loc, ans_loc_base)]
     n = max(1, len(records))
+    n_held = sum(in_memory)
     examples = [{"src": r.src, "alt": r.alt, "triples": [list(dataclasses.astuple(t)) for t in e], "answer_src": a,
                  "answer_rephrase": g, "answer_loc": l, "answer_loc_unedited": b}
                 for r, e, a, g, l, b in list(zip(records, edits, ans_src, ans_reph, ans_loc, ans_loc_base))[:20]]
     return EditingResult(regime, len(records), sum(rel) / n, sum(gen) / n, sum(loc) / n,
-                         sum(len(e) for e in edits), sum(bool(e) for e in edits), examples)
+                         sum(len(e) for e in edits), sum(bool(e) for e in edits), examples, n_held,
+                         sum(x for x, h in zip(rel, in_memory) if h) / max(1, n_held),
+                         sum(x for x, h in zip(gen, in_memory) if h) / max(1, n_held))
 
 
 def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, records: Sequence[EditRecord], *,
@@ -253,16 +270,18 @@ def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, 
                 mem.add(triples, source=f"edit{k}", replace=True)
         say(f"  editing: T={len(records)} sequential edits written ({len(mem.triples)} triples); asking")
         out["sequential"] = _score(records, ask(mem, [r.src for r in records]), ask(mem, [r.rephrase for r in records]),
-                                   ask(mem, [r.loc for r in records]), loc_base, edits, "sequential")
+                                   ask(mem, [r.loc for r in records]), loc_base, edits, "sequential",
+                                   edits_in_memory(records, mem.records()))
     if "single" in regimes:  # one memory per record; its three questions share it, and batches mix records
-        memories = []
+        memories, held = [], []
         for k, triples in enumerate(edits):
             mem = TripleMemory(encoder, memory_config)
             if triples:
                 mem.add(triples, source=f"edit{k}", replace=True)
             memories += [mem] * 3
+            held += edits_in_memory(records, mem.records())[k:k + 1]
         answers = ask(memories, [q for rec in records for q in (rec.src, rec.rephrase, rec.loc)])
         a_src, a_reph, a_loc = answers[0::3], answers[1::3], answers[2::3]
         say("  editing: T=1 done")
-        out["single"] = _score(records, a_src, a_reph, a_loc, loc_base, edits, "single")
+        out["single"] = _score(records, a_src, a_reph, a_loc, loc_base, edits, "single", held)
     return out
