@@ -108,3 +108,13 @@ def test_ceiling_skips_a_missing_framework(monkeypatch):
     monkeypatch.setattr(ceiling, "matmul_fn", lambda fw, dt, n: None if fw == "torch" else fw)
     monkeypatch.setattr(ceiling, "best_seconds", lambda fn, repeats: 1.0)
     assert {m.framework for m in ceiling.measure(sizes=(64,)).measurements} == {"jax"}
+
+
+def test_interleaved_rotates_the_order_of_contenders():
+    """Each round starts one contender later, so no contender always runs right after the same other one."""
+    from memllm_jax.bench.timing import interleaved
+
+    calls = []
+    t = interleaved({k: (lambda k=k: calls.append(k)) for k in "ABC"}, repeats=4, warmup=1)
+    assert calls == list("ABC" + "ABC" + "BCA" + "CAB" + "ABC")
+    assert all(len(t[k].seconds) == 4 for k in "ABC")

@@ -31,15 +31,18 @@ class Timing:
 
 
 def interleaved(contenders: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1) -> dict[str, Timing]:
-    """Run each contender `warmup` times, then `repeats` rounds of A B C ...; each call must block until done."""
+    """Run each contender `warmup` times, then `repeats` rounds of A B C, B C A, C A B, ...; each call must block
+    until done. The rotation makes each contender follow each other one equally often, so what a contender
+    leaves behind (freed memory, cold caches) does not always land on the same next one."""
     for fn in contenders.values():
         for _ in range(warmup):
             fn()
-    timings = {name: Timing(name, []) for name in contenders}
-    for _ in range(repeats):
-        for name, fn in contenders.items():
+    names = list(contenders)
+    timings = {name: Timing(name, []) for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
             start = time.perf_counter()
-            fn()
+            contenders[name]()
             timings[name].seconds.append(time.perf_counter() - start)
     return timings
 
