@@ -209,6 +209,7 @@ class EditingResult:
     """REL over those records only: how well the read model uses edits the memory holds (the rest failed at the
     write, or a later edit overwrote theirs)."""
     gen_in_memory: float = 0.0
+    """GEN over the same records."""
 
     @property
     def avg(self) -> float:
@@ -234,13 +235,13 @@ def _score(records, ans_src, ans_reph, ans_loc, ans_loc_base, edits, regime, in_
     loc = [eq(a, b) for a, b in zip(ans_loc, ans_loc_base)]
     n = max(1, len(records))
     n_held = sum(in_memory)
+    on_held = lambda hits: sum(x for x, h in zip(hits, in_memory) if h) / max(1, n_held)  # noqa: E731
     examples = [{"src": r.src, "alt": r.alt, "triples": [list(dataclasses.astuple(t)) for t in e], "answer_src": a,
                  "answer_rephrase": g, "answer_loc": l, "answer_loc_unedited": b}
                 for r, e, a, g, l, b in list(zip(records, edits, ans_src, ans_reph, ans_loc, ans_loc_base))[:20]]
     return EditingResult(regime, len(records), sum(rel) / n, sum(gen) / n, sum(loc) / n,
                          sum(len(e) for e in edits), sum(bool(e) for e in edits), examples, n_held,
-                         sum(x for x, h in zip(rel, in_memory) if h) / max(1, n_held),
-                         sum(x for x, h in zip(gen, in_memory) if h) / max(1, n_held))
+                         on_held(rel), on_held(gen))
 
 
 def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, records: Sequence[EditRecord], *,
@@ -273,13 +274,13 @@ def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, 
                                    ask(mem, [r.loc for r in records]), loc_base, edits, "sequential",
                                    edits_in_memory(records, mem.records()))
     if "single" in regimes:  # one memory per record; its three questions share it, and batches mix records
-        memories, held = [], []
+        memories = []
         for k, triples in enumerate(edits):
             mem = TripleMemory(encoder, memory_config)
             if triples:
                 mem.add(triples, source=f"edit{k}", replace=True)
             memories += [mem] * 3
-            held += edits_in_memory(records, mem.records())[k:k + 1]
+        held = edits_in_memory(records, [m for mem in memories[::3] for m in mem.records()])
         answers = ask(memories, [q for rec in records for q in (rec.src, rec.rephrase, rec.loc)])
         a_src, a_reph, a_loc = answers[0::3], answers[1::3], answers[2::3]
         say("  editing: T=1 done")
