@@ -41,8 +41,9 @@ def test_executed_write_flops_by_hand():
     prompts, generated, stopped = [[1, 2, 3], [1, 2, 4, 5]], [2, 1], [True, False]
     got = R.executed_write_flops(HAND, prompts, generated, stopped, max_new_tokens=8, pad_to=4, share_prefixes=False)
     # 4 rows (2 padding); cache ceil((4 + 8 + 1) / 64) x 64 = 64 slots; prefill width bucket(4) = 8 tokens
-    # attending 8 slots; decode max(2 + 1 (stopped at a cut), 1) = 3 steps of 4 rows over 64 slots, K = 1
-    prefill = 4 * 8 * (BODY + HEAD) + 4 * 8 * 8 * PAIR
+    # attending 8 slots, the head at each row's last token; decode max(2 + 1 (stopped at a cut), 1) = 3 steps of 4
+    # rows over 64 slots, K = 1
+    prefill = 4 * 8 * BODY + 4 * HEAD + 4 * 8 * 8 * PAIR
     decode = 3 * (4 * (BODY + HEAD) + 1 * 4 * 64 * PAIR)
     assert got == R.WriteFlops(prefill, decode)
 

@@ -21,7 +21,7 @@ Roofline seconds = useful / ceiling (`bench.ceiling`); "of roofline" = (useful /
 
 Executed FLOPs, what the write path computes (it pads, so executed >= useful):
   a prefill call of B rows x W tokens (W bucketed, `decode.loop.bucket`; padding rows and tokens included)
-      attending A cache slots: B W (n_layers 2P + 2DV) + n_layers 4NH B W A (logits at every position);
+      attending A cache slots: B W n_layers 2P + B 2DV + n_layers 4NH B W A (logits at each row's last token);
       `decode.prefix.prefill_shared` is two such calls (trunk rows, then every row's rest);
   a decode step runs all B rows (batch padding and finished rows too) over the whole cache of S slots, with the
       one-token attention's block-diagonal query (K times the head-by-head multiply-adds, `mistral.Attention`):
@@ -123,9 +123,9 @@ def useful_write_flops(cfg, prompts: Sequence[Sequence[int]], generated: Sequenc
 
 
 def prefill_call_flops(cfg, rows: int, width: int, slots: int) -> float:
-    """One `decode.loop._prefill` call: `rows` x `width` tokens (padding included), logits at every position,
-    each query against `slots` cache slots."""
-    return rows * width * (body_flops(cfg) + head_flops(cfg)) + attention_flops(cfg, rows * width * slots)
+    """One `decode.loop._prefill` call: `rows` x `width` tokens (padding included), logits at each row's last
+    token, each query against `slots` cache slots."""
+    return rows * (width * body_flops(cfg) + head_flops(cfg)) + attention_flops(cfg, rows * width * slots)
 
 
 def decode_step_flops(cfg, rows: int, slots: int) -> float:
