@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import random
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from data_gen.synthetic import cloze_templates, fill_cloze
 from memllm_jax.eval.editing import EditRecord
 from memllm_jax.protocol import Triple
 
 
-def synthetic_edits(gold: Iterable[Triple], n: int, seed: int = 0) -> list[EditRecord]:
+def synthetic_edits(gold: Iterable[Triple], n: int, seed: int = 0,
+                    object_kinds: Mapping[str, str] | None = None) -> list[EditRecord]:
     """Cloze-style edit records from held-out gold `Triple`s (see memllm_jax/eval/editing.py): the question is the
     start of one of the corpus's sentences for the triple's relation, the rephrase the start of another one,
     the new answer another object seen with the same relation, the locality question the start of a
-    sentence about a fact of a subject no edit changes. Only relations with at least two sentence forms are edited."""
+    sentence about a fact of a subject no edit changes. Only relations with at least two sentence forms are edited.
+
+    `object_kinds` (entity name -> type, e.g. "LOC"): at most one edit per subject and kind of answer. Without
+    it, one per subject and relation, and the edits can contradict each other: the corpus says "S lies in A"
+    (located in) and "S is a city in B" (country) alike, and "S was a citizen of" and "S is from" name two
+    relations, so a second edit of S in the same kind leaves two rival answers to one question."""
     forms = {rel: ts for rel, ts in cloze_templates().items() if len(ts) >= 2}
     triples = sorted({t for t in gold if t.relation in forms})
     rng = random.Random(seed)
@@ -22,21 +28,26 @@ def synthetic_edits(gold: Iterable[Triple], n: int, seed: int = 0) -> list[EditR
     by_rel: dict[str, list[str]] = {}
     for t in triples:
         by_rel.setdefault(t.relation, []).append(t.object)
+    def edit_key(t: Triple) -> tuple[str, str]:
+        return (t.subject, object_kinds.get(t.object, t.relation) if object_kinds is not None else t.relation)
+
     chosen: list[tuple] = []  # (triple, first form, second form, new object)
     used: set[tuple[str, str]] = set()
     for t in triples:
         if len(chosen) >= n:
             break
         alts = sorted({o for o in by_rel[t.relation] if o != t.object})
-        if not alts or (t.subject, t.relation) in used:
+        if not alts or edit_key(t) in used:
             continue
-        used.add((t.subject, t.relation))
+        used.add(edit_key(t))
         first, second = rng.sample(forms[t.relation], 2)
         chosen.append((t, first, second, rng.choice(alts)))
     # Locality questions ask about facts no edit touches: another subject's (subject, relation), so that after
     # every edit is written the unedited answer is still the right one.
-    edited_subjects = {s for s, _ in used}
-    loc_pool = [t for t in triples if t.subject not in edited_subjects] or [t for t in triples if (t.subject, t.relation) not in used]
+    edited_subjects = {t.subject for t, *_ in chosen}
+    edited_keys = {(t.subject, t.relation) for t, *_ in chosen}
+    loc_pool = ([t for t in triples if t.subject not in edited_subjects]
+                or [t for t in triples if (t.subject, t.relation) not in edited_keys])
     records = []
     for k, (t, first, second, alt) in enumerate(chosen):
         loc = loc_pool[(k * 7919) % len(loc_pool)] if loc_pool else t

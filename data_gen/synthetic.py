@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from data_gen.synth_world import INVERSE, RELATIONS, World
 
@@ -271,6 +271,19 @@ def heldout_split(n_train: int, n_heldout: int, seed: int = 0, style: str = "doc
     heldout_world = World(f"{seed}{HELDOUT_SEED_SUFFIX}", max(40, n_heldout // 2), exclude_names=train_world.names())
     return (list(iter_synthetic(n_train, style=style, world=train_world)),
             list(iter_synthetic(n_heldout, style=style, world=heldout_world)))
+
+
+EDITS_SEED_SUFFIX = ":edits"
+
+
+def edit_world_documents(n_docs: int, seed: int = 0, exclude_names: Iterable[str] = (),
+                         style: str = "docred") -> list[dict]:
+    """Documents of a third world (seeded `f"{seed}:edits"`, sharing no entity name with `exclude_names`, the
+    corpus's names) whose facts the Table 3 analogue edits: as in ZsRE, the edits are about subjects that neither
+    the training text nor the evaluation documents mention, and there are enough of them for one edit per subject
+    and kind of answer (`data_gen.edits.synthetic_edits`)."""
+    world = World(f"{seed}{EDITS_SEED_SUFFIX}", max(40, n_docs // 2), exclude_names=frozenset(exclude_names))
+    return list(iter_synthetic(n_docs, style=style, world=world))
 
 
 def synthetic_rel_info() -> dict[str, str]:

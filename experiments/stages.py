@@ -307,6 +307,32 @@ def stage_table2(self):
     return {"rows": list(results)}
 
 
+def _synthetic_edit_records(self) -> list:
+    """The Table 3 analogue's edits, at most one per subject and kind of answer. With a held-out world they are
+    drawn from a third world's documents (`data_gen.synthetic.edit_world_documents`: no name of the corpus, 2
+    documents per edit); otherwise from the evaluation and outside documents' facts."""
+    from data_gen.docred import documents_from_raw
+    from data_gen.edits import synthetic_edits
+    from data_gen.gold_memory import gold_triples
+
+    splits = ("eval", "outside") if self.cfg.outside_docs else ("eval",)
+    if self.cfg.corpus == "synthetic" and self.cfg.heldout_world:
+        from data_gen.overlap import heldout_overlap
+        from data_gen.synthetic import edit_world_documents
+
+        corpus = [d for split in ("train",) + splits for d in _documents(self, split)]
+        names = {m.text for d in corpus for e in d.entities for m in e.full_mentions}
+        docs = list(documents_from_raw(edit_world_documents(2 * self.cfg.n_edits, self.cfg.synth_seed, names),
+                                       _labels(self), source="edit world"))
+        overlap = heldout_overlap(corpus, docs, [])
+        self.say(f"  editing: {len(docs)} edit-world documents; their facts stated in the corpus: "
+                 f"{overlap['triples_in_train']:.3f}")
+    else:
+        docs = [d for split in splits for d in _documents(self, split)]
+    kinds = {e.name: e.type for d in docs for e in d.entities}
+    return synthetic_edits([t for d in docs for t in gold_triples(d)], self.cfg.n_edits, object_kinds=kinds)
+
+
 def stage_editing(self):
     from experiments.tables import table3_markdown
     from memllm_jax.eval.editing import ZSRE_SHOTS, evaluate_editing, load_zsre
@@ -314,14 +340,7 @@ def stage_editing(self):
     if not self.cfg.editing:
         return {"skipped": True}
     if self.cfg.editing == "synthetic":
-        from data_gen.edits import synthetic_edits
-
-        from data_gen.gold_memory import gold_triples
-
-        # facts of the held-out world: the evaluation documents' and the outside documents' (more edits)
-        triples = [t for d in self.eval_docs() for t in d.doc.triples]
-        triples += [t for d in _documents(self, "outside") for t in gold_triples(d)] if self.cfg.outside_docs else []
-        records, shots, style = synthetic_edits(triples, self.cfg.n_edits), (), "cloze"
+        records, shots, style = _synthetic_edit_records(self), (), "cloze"
         if len(records) < self.cfg.n_edits:
             self.say(f"  editing: {len(records)} synthetic edits (n_edits = {self.cfg.n_edits}; the held-out facts allow no more)")
     else:

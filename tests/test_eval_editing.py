@@ -138,6 +138,27 @@ def test_synthetic_cloze_edits_come_from_the_corpus_templates():
     assert edited and not {subject_of(r.loc) for r in records} & edited
 
 
+def test_synthetic_edits_give_each_subject_at_most_one_edit_per_kind_of_answer():
+    from data_gen.edits import synthetic_edits
+
+    # "S lies in A" (located in) and "S is a city in B" (country) would be rival answers to one question
+    T = protocol.Triple
+    gold = [T("Bimar", "located in the administrative territorial entity", "Sheba Province"),
+            T("Bimar", "country", "Gabuthia"), T("Neiprai", "country", "Digrelland"),
+            T("Neiprai", "located in the administrative territorial entity", "Trokain Province"),
+            T("Ann Vu", "employer", "Kerek Group"), T("Ann Vu", "country of citizenship", "Gabuthia"),
+            T("Bo Vu", "employer", "Rome Inc"), T("Bo Vu", "country of citizenship", "Digrelland")]
+    kinds = {"Sheba Province": "LOC", "Trokain Province": "LOC", "Gabuthia": "LOC", "Digrelland": "LOC",
+             "Kerek Group": "ORG", "Rome Inc": "ORG"}
+    subjects = ("Bimar", "Neiprai", "Ann Vu", "Bo Vu")
+    for seed in range(5):
+        records = synthetic_edits(gold, 10, seed=seed, object_kinds=kinds)
+        keys = [(next(s for s in subjects if r.src.startswith(s)), kinds[r.alt]) for r in records]
+        assert len(keys) == len(set(keys)) == 6  # Bimar and Neiprai once each, Ann Vu and Bo Vu twice each
+    # without the kinds, one edit per subject and relation: both of Bimar's location facts can be edited
+    assert len(synthetic_edits(gold, 10, seed=0)) == 8
+
+
 def test_answer_is_read_after_the_forced_call_that_opened_in_the_prompt():
     import types
 
