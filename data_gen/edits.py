@@ -15,7 +15,7 @@ def synthetic_edits(gold: Iterable[Triple], n: int, seed: int = 0,
     """Cloze-style edit records from held-out gold `Triple`s (see memllm_jax/eval/editing.py): the question is the
     start of one of the corpus's sentences for the triple's relation, the rephrase the start of another one,
     the new answer another object seen with the same relation, the locality question the start of a
-    sentence about a fact of a subject no edit changes. Only relations with at least two sentence forms are edited.
+    sentence about a fact of an entity no edit names. Only relations with at least two sentence forms are edited.
 
     `object_kinds` (entity name -> type, e.g. "LOC"): at most one edit per subject and kind of answer. Without
     it, one per subject and relation, and the edits can contradict each other: the corpus says "S lies in A"
@@ -42,11 +42,12 @@ def synthetic_edits(gold: Iterable[Triple], n: int, seed: int = 0,
         used.add(edit_key(t))
         first, second = rng.sample(forms[t.relation], 2)
         chosen.append((t, first, second, rng.choice(alts)))
-    # Locality questions ask about facts no edit touches: another subject's (subject, relation), so that after
-    # every edit is written the unedited answer is still the right one.
-    edited_subjects = {t.subject for t, *_ in chosen}
+    # Locality questions ask about facts no edit touches: about an entity that no edit names (as its subject,
+    # old or new object), so that after every edit is written the unedited answer is still the right one. An
+    # edit "A's spouse was B" changes B's facts too: the write model also stores B>>spouse>>A.
+    touched = {name for t, *_, alt in chosen for name in (t.subject, t.object, alt)}
     edited_keys = {(t.subject, t.relation) for t, *_ in chosen}
-    loc_pool = ([t for t in triples if t.subject not in edited_subjects]
+    loc_pool = ([t for t in triples if t.subject not in touched]
                 or [t for t in triples if (t.subject, t.relation) not in edited_keys])
     records = []
     for k, (t, first, second, alt) in enumerate(chosen):

@@ -130,11 +130,11 @@ def test_synthetic_cloze_edits_come_from_the_corpus_templates():
     for r in records:
         assert r.statement.startswith(r.src) and r.statement == r.src + r.alt + "."
         assert r.src != r.rephrase and r.loc_ans and r.alt
-    # locality questions are about subjects that no edit changes
+    # locality questions are about entities that no edit names (as its subject or its new object)
     gold = [t for d in docs for t in gold_triples(d)]
     subjects = sorted({t.subject for t in gold}, key=len, reverse=True)
     subject_of = lambda text: next(s for s in subjects if text.startswith(s))  # noqa: E731
-    edited = {subject_of(r.src) for r in records}
+    edited = {subject_of(r.src) for r in records} | {r.alt for r in records}
     assert edited and not {subject_of(r.loc) for r in records} & edited
 
 
@@ -157,6 +157,21 @@ def test_synthetic_edits_give_each_subject_at_most_one_edit_per_kind_of_answer()
         assert len(keys) == len(set(keys)) == 6  # Bimar and Neiprai once each, Ann Vu and Bo Vu twice each
     # without the kinds, one edit per subject and relation: both of Bimar's location facts can be edited
     assert len(synthetic_edits(gold, 10, seed=0)) == 8
+
+
+def test_synthetic_edits_ask_locality_questions_about_entities_no_edit_names():
+    from data_gen.edits import synthetic_edits
+
+    # "Ann Vu's spouse was Di Ra" makes the write model store Di Ra>>spouse>>Ann Vu too: Di Ra's facts changed
+    T = protocol.Triple
+    gold = [T("Ann Vu", "spouse", "Bo Vu"), T("Cy Ra", "spouse", "Di Ra"), T("Bo Vu", "employer", "Kerek Group"),
+            T("Di Ra", "employer", "Rome Inc"), T("Eve Lo", "employer", "Kerek Group"), T("Fay Lo", "spouse", "Gus Lo")]
+    names = sorted({n for t in gold for n in (t.subject, t.object)}, key=len, reverse=True)
+    for seed in range(10):
+        records = synthetic_edits(gold, 2, seed=seed)
+        touched = {n for r in records for n in names if r.statement.startswith(n) or r.statement.endswith(n + ".")}
+        touched |= {t.object for t in gold for r in records if r.src.startswith(t.subject)}
+        assert all(not r.loc.startswith(tuple(touched)) for r in records), (seed, touched, [r.loc for r in records])
 
 
 def test_answer_is_read_after_the_forced_call_that_opened_in_the_prompt():
