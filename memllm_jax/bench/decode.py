@@ -322,9 +322,10 @@ def write_flops(cfg, batch: int, doc_prompts, doc_outs, sliding_prompts, sliding
     """Useful FLOPs of each write corpus, and executed FLOPs of each write contender (`bench.roofline`), from the
     prompts and each prompt's one-at-a-time outputs (the same tokens as batched, checked by the bench)."""
     from memllm_jax.bench import roofline as R
+    from memllm_jax.decode.state import STATUS_NAMES, STOPPED
 
-    def fed(outs):
-        return [o["n_generated"] for o in outs], [o["stop"] == "stopped" for o in outs]
+    def fed(outs):  # tokens fed back, and whether the row stopped at a cut (one more loop step)
+        return [o["n_generated"] for o in outs], [o["stop"] == STATUS_NAMES[STOPPED] for o in outs]
 
     docs, sliding = (doc_prompts, *fed(doc_outs)), (sliding_prompts, *fed(sliding_outs))
     kw = dict(max_new_tokens=WRITE_NEW_TOKENS)
