@@ -92,7 +92,8 @@ class PipelineConfig:
     eval_batch: int = 8
     """Documents per forward in the perplexity evaluation."""
     editing: str = "synthetic"
-    """"synthetic" (edits built from held-out facts of the corpus), a ZsRE JSON path, or "" to skip."""
+    """"synthetic" (edits of facts no training document states: `stages._synthetic_edit_records`), a ZsRE JSON
+    path, or "" to skip."""
     n_edits: int = 16
     """Edits (records) evaluated."""
     editing_regimes: tuple[str, ...] = ("sequential", "single")

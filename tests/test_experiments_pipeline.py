@@ -39,6 +39,26 @@ def test_corpus_and_tokenizer_stages_run_and_resume(tmp_path):
     assert log[0] == "[corpus] up to date, skipped" and log[1] == "[tokenizer] running"
 
 
+@pytest.mark.parametrize("heldout_world", [True, False])
+def test_synthetic_edits_of_the_pipeline(tmp_path, heldout_world):
+    from experiments.stages import _documents, _synthetic_edit_records
+
+    cfg = PipelineConfig(synth_docs=60, eval_docs=5, outside_docs=5, n_edits=30, heldout_world=heldout_world)
+    said = []
+    pipe = Pipeline(cfg, tmp_path, said.append)
+    pipe.run(("corpus",))
+    records = _synthetic_edit_records(pipe)
+    assert len(records) == 30
+    names = tuple({e.name for split in ("train", "eval", "outside") for d in _documents(pipe, split)
+                   for e in d.entities if not e.name[:1].isdigit()})
+    subject_in_corpus = [r.src.startswith(names) for r in records]
+    if heldout_world:  # a third world: neither the edited subjects nor the new objects are names of the corpus
+        assert not any(subject_in_corpus) and not {r.alt for r in records} & set(names)
+        assert any("edit-world documents" in line for line in said)
+    else:  # the evaluation and outside documents' facts
+        assert all(subject_in_corpus)
+
+
 def test_tables_and_plot(tmp_path):
     res = {"baseline2": {"ppl": {"overall": 5.0, "target": 9.0, "entity": 7.0}, "stats": {"reads": 0}},
            "row9": {"ppl": {"overall": 4.0, "target": 1.5, "entity": 3.0}, "stats": {"reads": 10, "reads_with_results": 10}}}
