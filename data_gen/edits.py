@@ -28,6 +28,7 @@ def synthetic_edits(gold: Iterable[Triple], n: int, seed: int = 0,
     by_rel: dict[str, list[str]] = {}
     for t in triples:
         by_rel.setdefault(t.relation, []).append(t.object)
+
     def edit_key(t: Triple) -> tuple[str, str]:
         return (t.subject, object_kinds.get(t.object, t.relation) if object_kinds is not None else t.relation)
 
