@@ -342,7 +342,7 @@ def stage_editing(self):
     if self.cfg.editing == "synthetic":
         records, shots, style = _synthetic_edit_records(self), (), "cloze"
         if len(records) < self.cfg.n_edits:
-            self.say(f"  editing: {len(records)} synthetic edits (n_edits = {self.cfg.n_edits}; the held-out facts allow no more)")
+            self.say(f"  editing: {len(records)} synthetic edits (n_edits = {self.cfg.n_edits}; the edited documents' facts allow no more)")
     else:
         if not pathlib.Path(self.cfg.editing).exists():
             self.say(f"  editing: {self.cfg.editing} not found, skipped")
