@@ -8,11 +8,19 @@ write call and EOS.
 
 Names: an entity is written with the text of its first full mention in s_i, else of its last full mention
 in the (windowed) pretext, i.e. the surface form the model can see.
+
+Context-free examples (`context_free_items`, optional): a later sentence of the document with its pretext
+dropped, the target holding only the triples whose two entities are both named in it. Without them every
+example with an empty pretext is a document's first sentence, which in a biography states birth, death and
+citizenship; a model trained so writes those facts for any lone sentence that starts with a person's name
+(an edit such as "X studied at the University of Y." got date of birth / date of death / citizenship triples
+with made-up dates), instead of the fact the sentence states.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Iterator
 
 from data_gen.docred import Document, Mention
@@ -77,6 +85,16 @@ def iter_write_items(doc: Document, pretext_sentences: int | None = DEFAULT_PRET
         candidates.sort(key=lambda c: (c[0], c[1]))
         yield WriteItem(i, doc.text[p_start:s_start], doc.text[s_start:s_end],
                         tuple(c[2] for c in candidates), tuple(c[1] for c in candidates), tuple(merged))
+
+
+def context_free_items(doc: Document, n: int, seed: int = 0) -> list[WriteItem]:
+    """Up to `n` sentences after the first, drawn at random (seeded by `seed` and the document id) among those
+    that state a triple between two entities they name, each as an example with no pretext."""
+    if n <= 0:
+        return []
+    lone = [item for item in iter_write_items(doc, pretext_sentences=0) if item.sent_id > 0 and item.triples]
+    rng = random.Random(f"{seed}:{doc.doc_id}")
+    return sorted(rng.sample(lone, min(n, len(lone))), key=lambda item: item.sent_id)
 
 
 def write_record(doc: Document, item: WriteItem) -> dict:

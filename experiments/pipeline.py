@@ -47,6 +47,10 @@ class PipelineConfig:
     outside_docs: int = 0
     """Documents (before the evaluation ones) written by the MW model for rows ① (all) and ② (a quarter);
     0 skips those rows."""
+    write_context_free: int = 0
+    """Extra memory-write training examples per training document: one later sentence with its pretext dropped
+    (`data_gen.write_examples.context_free_items`). Without them the only lone sentences the model sees are
+    documents' first sentences, and it writes a biography's opening facts for any lone sentence about a person."""
     vocab_size: int = 4096
     """Tokenizer vocabulary (byte-level BPE trained on the training documents). 4096 makes most of the synthetic
     world's name words single tokens, which the memory-write / memory-read models must copy."""
@@ -145,7 +149,7 @@ def _atomic_text(path: pathlib.Path, text: str) -> None:
 
 _DEPENDS = {
     "corpus": ("corpus", "eval_corpus", "synth_docs", "synth_seed", "heldout_world", "labels", "eval_docs",
-               "outside_docs"),
+               "outside_docs", "write_context_free"),
     "tokenizer": ("base_model", "vocab_size", "tokenizer_texts"),
     "pretrain": ("pretrain_config",),
     "mw": ("mw_config",),

@@ -1,5 +1,7 @@
 """Golden tests: write, read and eval examples of a hand-checked document (exact strings and loss flags)."""
 
+import json
+
 import pytest
 
 from data_gen.docred import parse_document
@@ -7,7 +9,7 @@ from data_gen.eval_examples import eval_record
 from data_gen.gold_memory import GoldLookup
 from data_gen.read_examples import iter_read_examples, scan_read_points
 from data_gen.relations import ambiguous_label_filter, is_ambiguous
-from data_gen.write_examples import iter_write_examples, write_coverage
+from data_gen.write_examples import context_free_items, iter_write_examples, write_coverage
 from memllm_jax import protocol as P
 
 LABELS = {"P175": "performer", "P19": "place of birth", "P361": "part of", "P150": "contains administrative territorial entity",
@@ -66,6 +68,30 @@ def test_empty_write_and_pretext_window(doc):
     assert recs[1]["segments"][0]["text"] == "({USER_ST})He was born in Latina.({USER_END})"
     cov = write_coverage(doc, pretext_sentences=0)
     assert cov[1]["sentences"] == [] and "pretext window" in cov[1]["reason"]
+
+
+def test_context_free_items(doc):
+    """A later sentence stating a triple between two names it holds, without its pretext; never the first
+    sentence (already pretext-free) nor the pronoun sentence (no triple left without the pretext)."""
+    items = context_free_items(doc, 5)
+    assert [(i.sent_id, i.pretext, i.triples) for i in items] == [
+        (2, "", (P.Triple("Il Regalo Più Grande", "part of", "Alla Mia Età"),))]
+    assert context_free_items(doc, 0) == []
+
+
+def test_build_adds_context_free_write_examples(tmp_path):
+    from data_gen import build
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps([RAW]))
+    plain = build.build_all(str(path), str(tmp_path / "plain"), LABELS, kinds={"write"})
+    more = build.build_all(str(path), str(tmp_path / "more"), LABELS, kinds={"write"}, context_free=1)
+    assert more.write_examples == plain.write_examples + 1
+    recs = [json.loads(line) for line in (tmp_path / "more" / "write.jsonl").read_text().splitlines()]
+    extra = [r for r in recs if r.get("context_free")]
+    assert len(extra) == 1 and extra[0]["segments"][0]["text"] == (
+        "({USER_ST})The song Il Regalo Più Grande is part of Alla Mia Età.({USER_END})")
+    assert extra[0]["triples"] == [["Il Regalo Più Grande", "part of", "Alla Mia Età"]]
 
 
 def test_read_examples_golden(doc):

@@ -16,14 +16,20 @@ which serve as the development set (there: precision 0.697 -> 0.815, recall 0.84
 memory of the Table 3 analogue puts exact names first (with Appendix D's thresholds alone a query returns 2-5 similar
 held-out names, and the sequential edits' REL fell to 0.34 against 0.68 for single edits). The edits of the
 Table 3 analogue are written without the grounding and confidence checks (`editing_write_checks`), which cost
-more correct edits than they saved."""
+more correct edits than they saved.
+
+The memory-write training data add one context-free example per training document (`write_context_free`: a
+later sentence with its pretext dropped). Without them the only lone sentences the model saw were documents'
+first sentences, and for 17 of the 200 lone edit sentences of the Table 3 analogue (e.g. "X studied at the
+University of Y.") it wrote a biography's opening facts, dates of birth and death with made-up dates and a
+citizenship, instead of the fact the sentence states."""
 
 from experiments.pipeline import PipelineConfig
 
 
 def get_config() -> PipelineConfig:
     return PipelineConfig(name="default", base_model="smollm2-135m", mw_config="mw_smollm2", mr_config="mr_smollm2",
-                          eval_docs=40, outside_docs=60, n_edits=200, scaling_sizes=(0, 100, 1000),
+                          eval_docs=40, outside_docs=60, write_context_free=1, n_edits=200, scaling_sizes=(0, 100, 1000),
                           rows=("baseline1", "baseline2", "row1", "row2", "row3", "row4", "row5", "row6", "row7",
                                 "row8", "row9"),
                           parallel_adapters=False, write_late_stopping=False, write_grounded=True,
