@@ -39,6 +39,21 @@ def test_corpus_and_tokenizer_stages_run_and_resume(tmp_path):
     assert log[0] == "[corpus] up to date, skipped" and log[1] == "[tokenizer] running"
 
 
+def test_corpus_stage_adds_context_free_write_examples(tmp_path):
+    """`write_context_free=1`: about one more write example per training document, each a later sentence
+    without its pretext; the evaluation examples stay as they are."""
+    runs = {}
+    for n in (0, 1):
+        out = tmp_path / str(n)
+        Pipeline(PipelineConfig(synth_docs=40, eval_docs=5, write_context_free=n), out, lambda _m: None).run(("corpus",))
+        runs[n] = [json.loads(line) for line in (out / "data" / "train" / "write.jsonl").read_text().splitlines()]
+        assert not any(r.get("context_free") for r in map(json.loads, (out / "data" / "eval" / "write.jsonl").open()))
+    extra = [r for r in runs[1] if r.get("context_free")]
+    assert not any(r.get("context_free") for r in runs[0]) and len(runs[1]) == len(runs[0]) + len(extra)
+    assert 30 <= len(extra) <= 35 and all(r["triples"] for r in extra)
+    assert all(r["segments"][0]["text"].startswith("({USER_ST})") and r["sent_id"] > 0 for r in extra)
+
+
 @pytest.mark.parametrize("heldout_world", [True, False])
 def test_synthetic_edits_of_the_pipeline(tmp_path, heldout_world):
     from experiments.stages import _documents, _synthetic_edit_records
