@@ -232,6 +232,9 @@ class Pipeline:
         self.say(f"[{name}] running")
         info = getattr(self, f"stage_{name}")() or {}
         seconds = time.perf_counter() - t0
+        from memllm_jax.train.host_memory import release_freed_memory
+
+        release_freed_memory()  # `memllm run` keeps freed memory for reuse within a stage, not across stages
         _atomic_json(self.out / "stages" / f"{name}.json", {"key": stage_key(self.cfg, name), "seconds": seconds, **info})
         self.say(f"[{name}] done in {seconds:.1f}s")
 

@@ -1,4 +1,4 @@
-"""train.host_memory.keep_freed_memory: a freed large block is reused without page faults; a no-op once JAX runs."""
+"""train.host_memory: a freed large block is reused without page faults (keep_freed_memory), a no-op once JAX runs;\nrelease_freed_memory gives the kept pages back."""
 
 import subprocess
 import sys
@@ -46,3 +46,29 @@ def test_no_op_once_jax_runs():
 
     jnp.ones(2).block_until_ready()
     assert keep_freed_memory() is False
+
+
+RESIDENT_AFTER_RELEASE = """
+import ctypes
+from memllm_jax.train.host_memory import keep_freed_memory, release_freed_memory
+def resident_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 // 2**20
+assert keep_freed_memory()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
+keep = libc.malloc(1 << 20)  # a live block above the freed one: trimming the heap's top alone cannot free it
+big = libc.malloc(256 << 20)
+last = libc.malloc(1 << 20)
+ctypes.memset(big, 1, 256 << 20)
+libc.free(big)
+held = resident_mb()
+print(held, release_freed_memory(), resident_mb())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc")
+def test_release_gives_kept_pages_back():
+    out = subprocess.run([sys.executable, "-c", RESIDENT_AFTER_RELEASE], capture_output=True, text=True,
+                         check=True).stdout.split()
+    held, released, after = int(out[0]), out[1] == "True", int(out[2])
+    assert released and held - after > 200, (held, after)

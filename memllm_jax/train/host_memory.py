@@ -8,7 +8,10 @@ with the memory kept (4.84 s against 3.79 s, median of 15 steps each), and most 
 
 `keep_freed_memory` sets glibc's malloc to serve every allocation from its main heap (one arena, no `mmap`) and
 to never give freed heap memory back to the system, so from the second step on the buffer's pages are reused.
-The process then holds its peak memory until it exits, as a training process does anyway.
+The process then holds its peak memory until it exits, as a training process does anyway. A process that runs
+several jobs in turn (`memllm run`'s stages) calls `release_freed_memory` between them: without it the
+embedded default's pipeline held 18.5 GB of a 24 GB host after its two training stages, of which `malloc_trim`
+released 16.4 GB (2.1 GB live).
 """
 
 from __future__ import annotations
@@ -48,3 +51,16 @@ def keep_freed_memory() -> bool:
     # glibc reads the trim threshold: never trim.
     settings = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))
     return all(mallopt(option, value) == 1 for option, value in settings)
+
+
+def release_freed_memory() -> bool:
+    """Give the heap's free pages back to the system (glibc `malloc_trim(0)`), e.g. between two jobs of one
+    process after `keep_freed_memory`; True when glibc released any. Does nothing (False) off Linux or glibc."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes, malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return malloc_trim(0) == 1
