@@ -22,7 +22,10 @@ The memory-write training data add one context-free example per training documen
 later sentence with its pretext dropped). Without them the only lone sentences the model saw were documents'
 first sentences, and for 17 of the 200 lone edit sentences of the Table 3 analogue (e.g. "X studied at the
 University of Y.") it wrote a biography's opening facts, dates of birth and death with made-up dates and a
-citizenship, instead of the fact the sentence states."""
+citizenship, instead of the fact the sentence states (4 of 200 edits lack the new object with them). The
+confidence threshold above was chosen for the adapter trained without them; for the one trained with them the
+same rule on the outside documents picks -0.7 (docs/eval.md); the default stays at -0.6, as measured in the
+README's run."""
 
 from experiments.pipeline import PipelineConfig
 
