@@ -60,7 +60,8 @@ def test_cli_synth_and_build(tmp_path):
     assert "| documents | 50 |" in r.stdout and (tmp_path / "rel_info.json").exists()
     assert len(list(iter_documents(out, json.loads((tmp_path / "rel_info.json").read_text())))) == 50
     r = subprocess.run(env_cmd + ["build", "--input", str(out), "--out", str(tmp_path / "ex"), "--kinds", "write,read,eval,lm",
-                                  "--counterfactual", "1", "--format", "arrayrecord"], capture_output=True, text=True)
+                                  "--counterfactual", "1", "--context-free", "1", "--format", "arrayrecord"],
+                       capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "triples per sentence" in r.stdout and "read points per document" in r.stdout
     import grain
@@ -68,6 +69,8 @@ def test_cli_synth_and_build(tmp_path):
     src = grain.sources.ArrayRecordDataSource(str(tmp_path / "ex" / "read.array_record"))
     recs = [json.loads(src[i]) for i in range(len(src))]
     assert recs and {r["kind"] for r in recs} == {"read"} and {r.get("variant") for r in recs} == {None, 0}
+    writes = grain.sources.ArrayRecordDataSource(str(tmp_path / "ex" / "write.array_record"))
+    assert any(json.loads(writes[i]).get("context_free") for i in range(len(writes)))
 
 
 def test_counterfactual_consistent_replacement():
