@@ -1,4 +1,5 @@
-"""train.host_memory: a freed large block is reused without page faults (keep_freed_memory), a no-op once JAX runs;\nrelease_freed_memory gives the kept pages back."""
+"""train.host_memory: a freed large block is reused without page faults (keep_freed_memory), a no-op once JAX runs;
+release_freed_memory gives the kept pages back."""
 
 import subprocess
 import sys
@@ -56,9 +57,9 @@ def resident_mb():
 assert keep_freed_memory()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
-keep = libc.malloc(1 << 20)  # a live block above the freed one: trimming the heap's top alone cannot free it
+keep = libc.malloc(1 << 20)
 big = libc.malloc(256 << 20)
-last = libc.malloc(1 << 20)
+last = libc.malloc(1 << 20)  # a live block above the freed one: trimming the heap's top alone cannot free it
 ctypes.memset(big, 1, 256 << 20)
 libc.free(big)
 held = resident_mb()

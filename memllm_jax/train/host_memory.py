@@ -25,6 +25,10 @@ M_MMAP_MAX = -4
 M_ARENA_MAX = -8
 
 
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
 def _jax_backend_started() -> bool:
     """Whether JAX has created its clients: their threads have then picked their malloc arenas already, and an
     allocation made from another arena than the main one still goes to `mmap`."""
@@ -43,7 +47,7 @@ def keep_freed_memory() -> bool:
     if not sys.platform.startswith("linux") or _jax_backend_started():
         return False
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+        mallopt = _libc().mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
@@ -59,7 +63,7 @@ def release_freed_memory() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        malloc_trim = _libc().malloc_trim
     except (OSError, AttributeError):
         return False
     malloc_trim.argtypes, malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
