@@ -74,6 +74,8 @@ def save_params(directory: str | os.PathLike, step: int, model, *, lora_only: bo
     if lora_flat:
         items[LORA] = ocp.args.StandardSave(lora_flat)
     manager = _manager(directory)
+    if step in manager.all_steps():  # a finished run exported again (its stage rerun): replace that step
+        manager.delete(step)
     manager.save(step, args=ocp.args.Composite(**items), force=True)
     manager.wait_until_finished()
     manager.close()

@@ -80,6 +80,9 @@ def test_kill_and_resume_is_bitwise_equal(files, pretrained, tmp_path):
     assert resumed.step == straight.step == 6
     a, b = adapter(straight.workdir), adapter(resumed.workdir)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    # a finished run started again (e.g. its stage rerun) resumes at its last step and trains nothing more
+    again = loop.run(lora_cfg(files, pretrained, str(tmp_path / "a"), export_steps=(3,)))
+    assert again.step == 6 and all(np.array_equal(x, y) for x, y in zip(a, adapter(again.workdir)))
     # `export_steps`: the model at step 3 is kept beside the final one, and it is an earlier adapter
     mid = [np.asarray(x) for x in jax.tree.leaves(nnx.state(loop.load_trained_model(straight.workdir, merge=False,
                                                                                      step=3), nnx.LoRAParam))]
