@@ -98,7 +98,8 @@ def test_cloze_prompt_and_answer():
     tok = CharTokenizer()
     ids = editing.build_cloze_prompt_ids(tok, "Ann worked for ")
     assert ids[0] == tok.bos_id and ids[-1] == tok.marker_id[protocol.MEM_READ]
-    assert tok.decode(ids[1:-1]) == "Ann worked for "
+    # the call follows the last word, as in the read model's training text: no lone trailing space before it
+    assert tok.decode(ids[1:-1]) == "Ann worked for"
     assert editing.extract_cloze_answer(" Kerek Group. She was born") == "Kerek Group"
     assert editing.extract_cloze_answer("12 March 1956, in Rome") == "12 March 1956"
     assert editing.edit_sentence(EditRecord("Ann worked for ", "r", "Kerek", "l", statement="Ann worked for Kerek.")) \
@@ -179,9 +180,9 @@ def test_answer_is_read_after_the_forced_call_that_opened_in_the_prompt():
 
     tok = CharTokenizer()
     prompt = editing.build_cloze_prompt_ids(tok, "Ann worked for ")
-    generated = tok.encode("Ann>>employer>>" + protocol.READ_END + "Kerek Group" + protocol.CALL_END + "Kerek Group. She")
+    generated = tok.encode("Ann>>employer>>" + protocol.READ_END + "Kerek Group" + protocol.CALL_END + " Kerek Group. She")
     res = types.SimpleNamespace(prompt_ids=prompt, token_ids=generated, plain_text="unused")
     assert editing.extract_cloze_answer(editing._text_after(tok, res, "Ann worked for ")) == "Kerek Group"
     # a removed forced read (empty result) rewinds into the prompt: the answer is what follows the question
-    rewound = types.SimpleNamespace(prompt_ids=prompt[:-1], token_ids=tok.encode("Rome Inc. He"), plain_text="")
+    rewound = types.SimpleNamespace(prompt_ids=prompt[:-1], token_ids=tok.encode(" Rome Inc. He"), plain_text="")
     assert editing.extract_cloze_answer(editing._text_after(tok, rewound, "Ann worked for ")) == "Rome Inc"

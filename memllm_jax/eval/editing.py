@@ -122,8 +122,11 @@ def extract_cloze_answer(plain_text: str) -> str:
 
 
 def build_cloze_prompt_ids(tok: Any, prompt: str) -> list[int]:
-    """BOS + the sentence start + an opened read call (the forced read), as in the read model's training text."""
-    return [tok.bos_id] + tok.encode(protocol.escape_text(prompt)) + [tok.marker_id[protocol.MEM_READ]]
+    """BOS + the sentence start + an opened read call (the forced read), as in the read model's training text.
+    The sentence start's trailing space is dropped: in the training text a call sits right after the word before
+    the answer ("a citizen of" + call + " Murestan"); with a tokenizer whose spaces belong to the next word, a
+    prompt "a citizen of " would end in a lone space token the model never saw before a call."""
+    return [tok.bos_id] + tok.encode(protocol.escape_text(prompt.rstrip())) + [tok.marker_id[protocol.MEM_READ]]
 
 
 def build_prompt_ids(tok: Any, shots: Sequence[Shot], question: str) -> list[int]:
@@ -188,6 +191,7 @@ def _text_after(tok: Any, result: Any, question: str) -> str:
     """The plain text after the question. The forced read opens inside the prompt (and a removed one rewinds
     into it), so calls are stripped from the whole final context, not from the generated tokens alone."""
     plain = protocol.strip_calls(tok.decode(list(result.prompt_ids) + list(result.token_ids)))
+    question = question.rstrip()  # a cloze prompt's trailing space is not in it (`build_cloze_prompt_ids`)
     at = plain.rfind(question)
     return plain[at + len(question):] if at >= 0 else result.plain_text
 
