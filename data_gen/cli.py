@@ -43,6 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--counterfactual", type=int, default=0, help="also build N counterfactual variants (§4.1)")
     b.add_argument("--context-free", type=int, default=0,
                    help="also N write examples per document of one later sentence without its pretext")
+    b.add_argument("--read-context-free", type=int, default=0,
+                   help="also the read examples of N later sentences per document, each without the text before it")
     b.add_argument("--format", choices=("jsonl", "arrayrecord"), default="jsonl")
     b.add_argument("--limit", type=int, default=None, help="only the first N documents")
     b.add_argument("--seed", type=int, default=0)
@@ -160,7 +162,7 @@ def _build(args) -> int:
                             query_fn_factory=lambda factory: _query_fn(args, factory, labels),
                             pretext_sentences=args.pretext_sentences, q_thr=args.q_thr, max_queries=args.max_queries,
                             filter_ambiguous=not args.no_ambiguous_filter, counterfactual=args.counterfactual,
-                            context_free=args.context_free, fmt=args.format, limit=args.limit, seed=args.seed)
+                            context_free=args.context_free, read_context_free=args.read_context_free, fmt=args.format, limit=args.limit, seed=args.seed)
     print(stats.report(f"examples from {args.input}"))
     return 0
 

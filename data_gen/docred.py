@@ -92,6 +92,22 @@ class Document:
         return sorted((m for e in self.entities for m in e.mentions), key=lambda m: (m.span, m.entity))
 
 
+def sentence_document(doc: Document, sent_id: int) -> Document:
+    """Sentence `sent_id` of `doc` as a document of its own, without the text before it: its text, tokens and
+    mentions shifted to start at 0. Every entity is kept, by index (so `relations` stay valid), with only its
+    mentions in the sentence."""
+    s0, s1 = doc.sentences[sent_id]
+
+    def shift(span: tuple[int, int]) -> tuple[int, int]:
+        return span[0] - s0, span[1] - s0
+
+    entities = tuple(dataclasses.replace(e, mentions=tuple(dataclasses.replace(m, sent_id=0, span=shift(m.span))
+                                                           for m in e.mentions if m.sent_id == sent_id))
+                     for e in doc.entities)
+    return dataclasses.replace(doc, text=doc.text[s0:s1], sentences=((0, s1 - s0),),
+                               tokens=(tuple(shift(t) for t in doc.tokens[sent_id]),), entities=entities)
+
+
 def detokenize(sents: list[list[str]]) -> tuple[str, list[tuple[int, int]], list[list[tuple[int, int]]]]:
     """Join tokens into readable text; returns (text, sentence spans, token spans)."""
     parts: list[str] = []

@@ -12,6 +12,12 @@ Each read gives one example d' = pretext | read call | result | posttext, where 
 the next read of the document (followed by the "({MEM_READ(" that starts it) or to the end (then EOS).
 Loss: the call and the posttext; the pretext only in the document's first example; never the result.
 
+Context-free examples (`context_free_records`, optional): the reads of a later sentence of the document with
+the text before it dropped (Algorithm 1 run on the lone sentence, so the query names an entity the sentence
+itself names). Without them every read the model sees follows a document's opening, and a lone sentence start
+such as an edit's cloze ("X studied at the") is a context it never read from: it asked the relations of a
+biography's opening (place of birth) instead of the one the sentence states.
+
 A triple becomes "seen" when both its entities have been mentioned (whether or not its query survives the
 filters). The pseudocode's line 18 read literally would mark triples seen before their query entity
 appears, so no query could ever be formed; this follows the text of §3.3 and the original code instead.
@@ -20,9 +26,10 @@ appears, so no query could ever be formed; this follows the text of §3.3 and th
 from __future__ import annotations
 
 import dataclasses
+import random
 from typing import Callable, Iterator, Sequence
 
-from data_gen.docred import Document, Mention
+from data_gen.docred import Document, Mention, sentence_document
 from data_gen.relations import is_ambiguous
 from memllm_jax import protocol as P
 
@@ -175,3 +182,19 @@ def read_records(doc: Document, points: Sequence[ReadPoint]) -> Iterator[dict]:
 
 def iter_read_examples(doc: Document, query_fn: QueryFn | None, **kwargs) -> Iterator[dict]:
     yield from read_records(doc, scan_read_points(doc, query_fn, **kwargs))
+
+
+def context_free_records(doc: Document, query_fn: QueryFn | None, n: int, seed: int = 0, **kwargs) -> list[dict]:
+    """The read examples of up to `n` sentences after the first, each alone (`sentence_document`), drawn at random
+    (seeded by `seed` and the document id) among those with a read; marked `"context_free": true`, `sent_id` set.
+    They end without EOS: the lone sentence is not the end of a document."""
+    if n <= 0:
+        return []
+    lone = [i for i in range(1, len(doc.sentences)) if scan_read_points(sentence_document(doc, i), None, **kwargs)]
+    chosen = sorted(random.Random(f"{seed}:{doc.doc_id}").sample(lone, min(n, len(lone))))
+    out = []
+    for i in chosen:
+        sentence = sentence_document(doc, i)
+        out += [{**rec, "sent_id": i, "eos": False, "context_free": True}
+                for rec in read_records(sentence, scan_read_points(sentence, query_fn, **kwargs))]
+    return out

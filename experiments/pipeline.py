@@ -51,6 +51,11 @@ class PipelineConfig:
     """Extra memory-write training examples per training document: one later sentence with its pretext dropped
     (`data_gen.write_examples.context_free_items`). Without them the only lone sentences the model sees are
     documents' first sentences, and it writes a biography's opening facts for any lone sentence about a person."""
+    read_context_free: int = 0
+    """Extra memory-read training examples per training document: the reads of one later sentence with the text
+    before it dropped (`data_gen.read_examples.context_free_records`). Without them every read follows a
+    document's opening, and from a lone sentence start (a Table 3 cloze) the model asks a biography's opening
+    relations instead of the one the sentence states."""
     vocab_size: int = 4096
     """Tokenizer vocabulary (byte-level BPE trained on the training documents). 4096 makes most of the synthetic
     world's name words single tokens, which the memory-write / memory-read models must copy."""
@@ -149,7 +154,7 @@ def _atomic_text(path: pathlib.Path, text: str) -> None:
 
 _DEPENDS = {
     "corpus": ("corpus", "eval_corpus", "synth_docs", "synth_seed", "heldout_world", "labels", "eval_docs",
-               "outside_docs", "write_context_free"),
+               "outside_docs", "write_context_free", "read_context_free"),
     "tokenizer": ("base_model", "vocab_size", "tokenizer_texts"),
     "pretrain": ("pretrain_config",),
     "mw": ("mw_config",),

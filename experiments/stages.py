@@ -73,7 +73,8 @@ def stage_corpus(self):
     labels = _labels(self)
     self.say(f"  building write / read / lm examples from {len(split['train'])} training documents")
     st_train = build_all(str(data / "train.json"), str(data / "train"), labels, kinds={"write", "read", "lm"},
-                         context_free=cfg.write_context_free, seed=cfg.synth_seed)
+                         context_free=cfg.write_context_free, read_context_free=cfg.read_context_free,
+                         seed=cfg.synth_seed)
     self.say(f"  building eval records for {len(split['eval'])} held-out documents")
     build_all(str(data / "eval.json"), str(data / "eval"), labels, kinds={"eval", "write", "read"})
     from data_gen.overlap import heldout_overlap

@@ -7,7 +7,7 @@ import pytest
 from data_gen.docred import parse_document
 from data_gen.eval_examples import eval_record
 from data_gen.gold_memory import GoldLookup
-from data_gen.read_examples import iter_read_examples, scan_read_points
+from data_gen.read_examples import context_free_records, iter_read_examples, scan_read_points
 from data_gen.relations import ambiguous_label_filter, is_ambiguous
 from data_gen.write_examples import context_free_items, iter_write_examples, write_coverage
 from memllm_jax import protocol as P
@@ -92,6 +92,33 @@ def test_build_adds_context_free_write_examples(tmp_path):
     assert len(extra) == 1 and extra[0]["segments"][0]["text"] == (
         "({USER_ST})The song Il Regalo Più Grande is part of Alla Mia Età.({USER_END})")
     assert extra[0]["triples"] == [["Il Regalo Più Grande", "part of", "Alla Mia Età"]]
+
+
+def test_context_free_read_records(doc):
+    """The reads of a later sentence alone: the query names an entity of the sentence itself, the text before it is
+    dropped, spans are the sentence's own, no EOS; the pronoun sentence ("He was born in Latina.") has no read
+    without its pretext."""
+    recs = context_free_records(doc, GoldLookup().add_documents([doc]), 5)
+    assert [[(s["text"], s["loss"]) for s in r["segments"]] for r in recs] == [[
+        ("The song Il Regalo Più Grande is part of", True), ("({MEM_READ(Il Regalo Più Grande>>part of>>)-->", True),
+        ("Alla Mia Età})", False), (" Alla Mia Età.", True)]]
+    rec = recs[0]
+    assert (rec["sent_id"], rec["eos"], rec["context_free"]) == (2, False, True)
+    sentence = "The song Il Regalo Più Grande is part of Alla Mia Età."
+    assert sentence[slice(*rec["target_span"])] == rec["target"] == "Alla Mia Età"
+    assert context_free_records(doc, None, 0) == []
+
+
+def test_build_adds_context_free_read_examples(tmp_path):
+    from data_gen import build
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps([RAW]))
+    plain = build.build_all(str(path), str(tmp_path / "plain"), LABELS, kinds={"read"})
+    more = build.build_all(str(path), str(tmp_path / "more"), LABELS, kinds={"read"}, read_context_free=1)
+    assert (more.read_examples, more.context_free_reads) == (plain.read_examples + 1, 1)
+    recs = [json.loads(line) for line in (tmp_path / "more" / "read.jsonl").read_text().splitlines()]
+    assert [r["sent_id"] for r in recs if r.get("context_free")] == [2]
 
 
 def test_read_examples_golden(doc):
