@@ -20,7 +20,10 @@ def synthetic_edits(gold: Iterable[Triple], n: int, seed: int = 0,
     `object_kinds` (entity name -> type, e.g. "LOC"): at most one edit per subject and kind of answer. Without
     it, one per subject and relation, and the edits can contradict each other: the corpus says "S lies in A"
     (located in) and "S is a city in B" (country) alike, and "S was a citizen of" and "S is from" name two
-    relations, so a second edit of S in the same kind leaves two rival answers to one question."""
+    relations, so a second edit of S in the same kind leaves two rival answers to one question. With it, too, a
+    person named by one edit between two people (spouse, sibling, parent, child) is named by no other such edit:
+    the write model stores the inverse of those facts as well ("A's spouse was B" also writes B>>spouse>>A), so
+    "A's spouse was B" followed by "C's spouse was A" would replace the first edit's answer."""
     forms = {rel: ts for rel, ts in cloze_templates().items() if len(ts) >= 2}
     triples = sorted({t for t in gold if t.relation in forms})
     rng = random.Random(seed)
@@ -32,17 +35,26 @@ def synthetic_edits(gold: Iterable[Triple], n: int, seed: int = 0,
     def edit_key(t: Triple) -> tuple[str, str]:
         return (t.subject, object_kinds.get(t.object, t.relation) if object_kinds is not None else t.relation)
 
+    def between_people(*names: str) -> bool:
+        return object_kinds is not None and all(object_kinds.get(x) == "PER" for x in names)
+
     chosen: list[tuple] = []  # (triple, first form, second form, new object)
     used: set[tuple[str, str]] = set()
+    linked: set[str] = set()  # people named by an edit between two people
     for t in triples:
         if len(chosen) >= n:
             break
         alts = sorted({o for o in by_rel[t.relation] if o != t.object})
+        if between_people(t.subject, t.object):
+            alts = [o for o in alts if o not in linked and o != t.subject] if t.subject not in linked else []
         if not alts or edit_key(t) in used:
             continue
         used.add(edit_key(t))
         first, second = rng.sample(forms[t.relation], 2)
-        chosen.append((t, first, second, rng.choice(alts)))
+        alt = rng.choice(alts)
+        if between_people(t.subject, alt):
+            linked.update((t.subject, alt))
+        chosen.append((t, first, second, alt))
     # Locality questions ask about facts no edit touches: about an entity that no edit names (as its subject,
     # old or new object), so that after every edit is written the unedited answer is still the right one. An
     # edit "A's spouse was B" changes B's facts too: the write model also stores B>>spouse>>A.

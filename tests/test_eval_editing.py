@@ -160,6 +160,30 @@ def test_synthetic_edits_give_each_subject_at_most_one_edit_per_kind_of_answer()
     assert len(synthetic_edits(gold, 10, seed=0)) == 8
 
 
+def test_synthetic_edits_name_each_person_in_one_edit_between_people_at_most():
+    from data_gen.edits import synthetic_edits
+
+    # "Ann Vu's spouse was Cy Ra" then "Di Ra's spouse was Ann Vu": the second writes Ann Vu>>spouse>>Di Ra, which
+    # replaces the first edit's answer, so REL would count the model wrong for reading the later edit
+    T = protocol.Triple
+    people = ["Ann Vu", "Bo Vu", "Cy Ra", "Di Ra", "Eve Lo", "Fay Lo", "Gus Lo", "Hal Lo"]
+    gold = [T(a, "spouse", b) for a, b in zip(people, people[1:] + people[:1])]
+    gold += [T(a, "employer", "Kerek Group") for a in people[:4]] + [T(a, "employer", "Rome Inc") for a in people[4:]]
+    kinds = {**{p: "PER" for p in people}, "Kerek Group": "ORG", "Rome Inc": "ORG"}
+
+    def people_named(records) -> list[str]:  # the people of each edit between two people
+        return [p for r in records if r.alt in people for p in (next(p for p in people if r.src.startswith(p)), r.alt)]
+
+    for seed in range(10):
+        records = synthetic_edits(gold, 20, seed=seed, object_kinds=kinds)
+        named = people_named(records)
+        assert len(named) == len(set(named)) >= 4, (seed, named)
+        assert sum(r.alt not in people for r in records) == 8  # the employer edits are not limited
+    # without the kinds (a shared world) the rule is off: spouse edits share people
+    assert any(len(set(named)) < len(named) for named in (people_named(synthetic_edits(gold, 20, seed=seed))
+                                                          for seed in range(10)))
+
+
 def test_synthetic_edits_ask_locality_questions_about_entities_no_edit_names():
     from data_gen.edits import synthetic_edits
 
