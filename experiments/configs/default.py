@@ -25,14 +25,21 @@ University of Y.") it wrote a biography's opening facts, dates of birth and deat
 citizenship, instead of the fact the sentence states (4 of 200 edits lack the new object with them). The
 confidence threshold above was chosen for the adapter trained without them; for the one trained with them the
 same rule on the outside documents picks -0.7 (docs/eval.md); the default stays at -0.6, as measured in the
-README's run."""
+README's run.
+
+The memory-read training data add the reads of one later sentence per training document, alone
+(`read_context_free`). Without them every read the model had seen followed a document's opening, and from a
+lone cloze such as "X studied at the" (the Table 3 analogue's questions) it often asked a biography's opening
+relations (place of birth) instead of the one the sentence states (34 of the second world's 44 sequential REL
+failures: the edit held in memory, the read asked another relation). With them that world's sequential REL on
+the same edits went from 0.79 to 0.81 (docs/eval.md)."""
 
 from experiments.pipeline import PipelineConfig
 
 
 def get_config() -> PipelineConfig:
     return PipelineConfig(name="default", base_model="smollm2-135m", mw_config="mw_smollm2", mr_config="mr_smollm2",
-                          eval_docs=40, outside_docs=60, write_context_free=1, n_edits=200, scaling_sizes=(0, 100, 1000),
+                          eval_docs=40, outside_docs=60, write_context_free=1, read_context_free=1, n_edits=200, scaling_sizes=(0, 100, 1000),
                           rows=("baseline1", "baseline2", "row1", "row2", "row3", "row4", "row5", "row6", "row7",
                                 "row8", "row9"),
                           parallel_adapters=False, write_late_stopping=False, write_grounded=True,
