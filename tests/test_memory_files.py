@@ -69,7 +69,9 @@ def test_export_import_identical(tmp_path_factory, batches, victim):
     back.export_jsonl(path2)
     assert path2.read_bytes() == path.read_bytes()
     for x, y in zip(*(m.query([Query(r["subject"], r["relation"], None) for r in mem.records()]) for m in (mem, back))):
-        assert (x.entities, x.scores) == (y.entities, y.scores)
+        # the same answers; equal scores come in entity-id order, which an import renumbers after a delete
+        # (entities are numbered by first appearance in the remaining triples)
+        assert x.scores == y.scores and sorted(zip(x.scores, x.entities)) == sorted(zip(y.scores, y.entities))
 
 
 def test_crash_before_commit_keeps_old_snapshot(tmp_path):
