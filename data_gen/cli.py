@@ -162,7 +162,8 @@ def _build(args) -> int:
                             query_fn_factory=lambda factory: _query_fn(args, factory, labels),
                             pretext_sentences=args.pretext_sentences, q_thr=args.q_thr, max_queries=args.max_queries,
                             filter_ambiguous=not args.no_ambiguous_filter, counterfactual=args.counterfactual,
-                            context_free=args.context_free, read_context_free=args.read_context_free, fmt=args.format, limit=args.limit, seed=args.seed)
+                            context_free=args.context_free, read_context_free=args.read_context_free,
+                            fmt=args.format, limit=args.limit, seed=args.seed)
     print(stats.report(f"examples from {args.input}"))
     return 0
 
