@@ -190,11 +190,11 @@ def context_free_records(doc: Document, query_fn: QueryFn | None, n: int, seed: 
     They end without EOS: the lone sentence is not the end of a document."""
     if n <= 0:
         return []
-    lone = [i for i in range(1, len(doc.sentences)) if scan_read_points(sentence_document(doc, i), None, **kwargs)]
-    chosen = sorted(random.Random(f"{seed}:{doc.doc_id}").sample(lone, min(n, len(lone))))
+    sentences = [(i, sentence_document(doc, i)) for i in range(1, len(doc.sentences))]
+    lone = [(i, sentence) for i, sentence in sentences if scan_read_points(sentence, None, **kwargs)]
+    chosen = sorted(random.Random(f"{seed}:{doc.doc_id}").sample(lone, min(n, len(lone))), key=lambda c: c[0])
     out = []
-    for i in chosen:
-        sentence = sentence_document(doc, i)
+    for i, sentence in chosen:
         out += [{**rec, "sent_id": i, "eos": False, "context_free": True}
                 for rec in read_records(sentence, scan_read_points(sentence, query_fn, **kwargs))]
     return out
