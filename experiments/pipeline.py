@@ -87,10 +87,14 @@ class PipelineConfig:
     """The memory stage keeps only grounded triples (`decode.writer.is_grounded`: both names copied from the
     document, one of them from the focus sentence, a known relation type); the report gives precision / recall
     before and after the check."""
-    write_min_confidence: float | None = None
+    write_min_confidence: float | str | None = None
     """The memory stage keeps only the triples the memory-write model wrote with at least this confidence: the
     log-probability of the least likely token of the item (`decode.writer.item_confidences`); None keeps all.
-    Applied after the grounding check."""
+    Applied after the grounding check. `"development"`: the threshold among `write_confidence_grid` with the
+    highest F1 on the outside documents (a development set: they are written first, then kept at the chosen
+    threshold without decoding again); `results/memory.json` records the choice and every candidate's figures."""
+    write_confidence_grid: tuple[float, ...] = (-1.0, -0.9, -0.8, -0.7, -0.6, -0.5, -0.4, -0.3)
+    """The thresholds `write_min_confidence="development"` chooses from."""
     diagnostic_examples: int = 64
     """Held-out write and read examples on which the adapters' field-split losses (the copy probe) are measured."""
     rows: tuple[str, ...] = ("baseline1", "baseline2", "row3", "row4", "row5", "row6", "row7", "row8", "row9")
@@ -160,7 +164,7 @@ _DEPENDS = {
     "mw": ("mw_config",),
     "mr": ("mr_config",),
     "memory": ("encoder", "write_late_stopping", "write_max_new_tokens", "write_batch", "write_grounded",
-               "write_min_confidence"),
+               "write_min_confidence", "write_confidence_grid"),
     "diagnostics": ("diagnostic_examples",),
     "table2": ("rows", "read_threshold", "eval_batch"),
     "editing": ("editing", "n_edits", "editing_regimes", "editing_memory", "editing_write_checks",

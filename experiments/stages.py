@@ -144,22 +144,32 @@ def stage_mr(self):
     return _train(self, "mr", self.cfg.mr_config, "read.jsonl", _base(self))
 
 
-def _write_budget(self) -> dict:
+DEVELOPMENT = "development"
+
+
+def _min_confidence(self) -> float | None:
+    """The memory stage's confidence threshold: the setting, or the one it chose on the development documents."""
+    if self.cfg.write_min_confidence == DEVELOPMENT:
+        return json.loads((self.out / "results" / "memory.json").read_text())["min_confidence"]
+    return self.cfg.write_min_confidence
+
+
+def _write_budget(self, min_confidence: float | None) -> dict:
     relations = set(_labels(self).values()) if self.cfg.write_grounded else None
     return dict(late_stopping=self.cfg.write_late_stopping, max_new_tokens=self.cfg.write_max_new_tokens,
                 batch_size=self.cfg.write_batch, grounded=self.cfg.write_grounded, relations=relations,
-                min_confidence=self.cfg.write_min_confidence)
+                min_confidence=min_confidence)
 
 
 def _edit_checks(self) -> dict:
     """How the edits of Table 3 are written: the memory stage's decoding, and its grounding and confidence checks
     when `editing_write_checks`."""
-    budget = _write_budget(self)
+    budget = _write_budget(self, _min_confidence(self))
     checks = ("grounded", "relations", "min_confidence") if self.cfg.editing_write_checks else ()
     return {k: budget[k] for k in ("late_stopping",) + checks}
 
 
-def _write_eval(self, mw, eval_docs, on_batch=None):
+def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None):
     """The memory-write model `mw` writes the evaluation documents into a new memory: `(memory, info)`, info with
     the write statistics and the agreement with the documents' gold triples (precision / recall / F1)."""
     from data_gen.gold_memory import gold_triples
@@ -168,7 +178,7 @@ def _write_eval(self, mw, eval_docs, on_batch=None):
     from memllm_jax.memory import TripleMemory
 
     mem = TripleMemory(self.encoder())
-    st = write_corpus(mw, self.tokenizer(), mem, eval_docs, on_batch=on_batch, **_write_budget(self))
+    st = write_corpus(mw, self.tokenizer(), mem, eval_docs, on_batch=on_batch, **_write_budget(self, min_confidence))
     gold = [t for d in eval_docs for t in gold_triples(d)]
     info = {"sentences": st.sentences, "triples": st.triples, "malformed": st.malformed, "no_cut": st.no_cut,
             **{k: v for k, v in mem.stats().items() if isinstance(v, (int, float))},
@@ -177,19 +187,48 @@ def _write_eval(self, mw, eval_docs, on_batch=None):
     if self.cfg.write_grounded:
         info["ungrounded"] = len(st.ungrounded)
         info["before_grounding"] = write_agreement(mem.records() + st.unconfident + st.ungrounded, gold)
-    if self.cfg.write_min_confidence is not None:
+    if min_confidence is not None:
         info["unconfident"] = len(st.unconfident)
         info["before_confidence"] = write_agreement(mem.records() + st.unconfident, gold)
     return mem, info
 
 
+def _choose_min_confidence(self, mw, outside, on_batch) -> tuple[float, dict, list]:
+    """Write the outside documents keeping every grounded triple with its confidence, and choose the threshold
+    with the highest F1 against their gold triples: `(threshold, report, [scored writes of the quarter, of the
+    rest])`, the scored writes to fill rows ② / ① at that threshold without decoding again."""
+    from data_gen.gold_memory import gold_triples
+    from memllm_jax.decode.writer import write_corpus
+    from memllm_jax.eval.write_quality import choose_min_confidence
+    from memllm_jax.memory import TripleMemory
+
+    if not outside:
+        raise InputError(f'PipelineConfig.write_min_confidence="{DEVELOPMENT}" needs outside documents '
+                         "(outside_docs > 0) to choose the threshold on")
+    quarter, scored = max(1, len(outside) // 4), []
+    for docs in (outside[:quarter], outside[quarter:]):
+        scratch = TripleMemory(self.encoder())
+        st = write_corpus(mw, self.tokenizer(), scratch, docs, on_batch=on_batch,
+                          **_write_budget(self, -float("inf")))
+        scored.append(st.scored)
+    gold = [t for d in outside for t in gold_triples(d)]
+    threshold, rows = choose_min_confidence([(t, c) for part in scored for _, t, c in part], gold,
+                                            self.cfg.write_confidence_grid)
+    for r in rows:
+        self.say(f"  development, confidence >= {r['min_confidence']}: precision {r['precision']:.3f} "
+                 f"recall {r['recall']:.3f} f1 {r['f1']:.3f}")
+    self.say(f"  confidence threshold chosen on the {len(outside)} outside documents: {threshold}")
+    return threshold, {"documents": len(outside), "rule": "highest F1", "candidates": rows}, scored
+
+
 def stage_memory(self):
     from data_gen.gold_memory import fill_memory
-    from memllm_jax.decode.writer import write_corpus
+    from memllm_jax.decode.writer import write_corpus, write_scored
     from memllm_jax.memory import TripleMemory
 
     enc, mw, info = self.encoder(), self.model("mw"), {}
     eval_docs = _documents(self, "eval")
+    outside = _documents(self, "outside") if self.cfg.outside_docs else []
     gold = TripleMemory(enc)
     info["gold_triples"] = fill_memory(gold, eval_docs)
     gold.save(self.out / "memory" / "gold")
@@ -198,15 +237,24 @@ def stage_memory(self):
         if finished:
             self.say(f"  memory write: {stats.documents} documents, {stats.sentences} sentences, {stats.triples} triples")
 
-    mem, info["mw_eval"] = _write_eval(self, mw, eval_docs, on_batch)
+    scored = None
+    if self.cfg.write_min_confidence == DEVELOPMENT:
+        info["min_confidence"], info["development"], scored = _choose_min_confidence(self, mw, outside, on_batch)
+    else:
+        info["min_confidence"] = self.cfg.write_min_confidence
+    mem, info["mw_eval"] = _write_eval(self, mw, eval_docs, info["min_confidence"], on_batch)
     mem.save(self.out / "memory" / "mw_eval")
-    if self.cfg.outside_docs:
-        outside = _documents(self, "outside")
+    if outside:
         quarter = max(1, len(outside) // 4)
         big = TripleMemory.open(self.out / "memory" / "mw_eval", enc)  # the outside corpus plus the evaluation one
         # row ② holds a quarter of the outside documents, row ① all of them: write the quarter, save, go on
-        for name, docs in (("mw_outside_small", outside[:quarter]), ("mw_outside_large", outside[quarter:])):
-            write_corpus(mw, self.tokenizer(), big, docs, on_batch=on_batch, **_write_budget(self))
+        for k, (name, docs) in enumerate((("mw_outside_small", outside[:quarter]),
+                                          ("mw_outside_large", outside[quarter:]))):
+            if scored is not None:  # written already, while choosing the threshold
+                write_scored(big, scored[k], info["min_confidence"])
+            else:
+                write_corpus(mw, self.tokenizer(), big, docs, on_batch=on_batch,
+                             **_write_budget(self, info["min_confidence"]))
             big.save(self.out / "memory" / name)
             info[name] = big.stats()["triples"]
     _atomic_json(self.out / "results" / "memory.json", info)
@@ -231,7 +279,7 @@ def _mw_curve(self, final: dict) -> list[dict]:
     for step in steps[:-1]:
         mw = self._fit_context(open_model(str(self.out / "train" / "mw"), vocab_size=self.tokenizer().vocab_size,
                                           step=step)[0], "mw")
-        _, info = _write_eval(self, mw, _documents(self, "eval"))
+        _, info = _write_eval(self, mw, _documents(self, "eval"), _min_confidence(self))
         points.append({"step": step, **{k: info[k] for k in CURVE_FIELDS}})
         self.say(f"  mw step {step}: precision {info['precision']:.2f} recall {info['recall']:.2f} f1 {info['f1']:.2f}")
     if steps:
@@ -263,6 +311,8 @@ def stage_diagnostics(self):
     for check in ("before_grounding", "before_confidence"):
         if check in memory["mw_eval"]:
             info["mw_against_gold"][check] = memory["mw_eval"][check]
+    if "development" in memory:
+        info["mw_threshold"] = {"min_confidence": memory["min_confidence"], **memory["development"]}
     info["mw_curve"] = _mw_curve(self, memory["mw_eval"])
     _atomic_json(self.out / "results" / "diagnostics.json", info)
     self.say(f"  mw: {info['mw_names_in_eval_text']['fraction']:.2f} of written names occur in the evaluation text")

@@ -99,6 +99,16 @@ def diagnostics_markdown(corpus: Mapping | None, diagnostics: Mapping | None) ->
             lines += [f"| {raw['written_unique']}: {label} | {raw['gold_unique']} | {raw['correct']} | "
                       f"{raw['precision']:.3f} | {raw['recall']:.3f} | {raw['f1']:.3f} | – |" for label, raw in earlier]
             lines.append("")
+        chosen = diagnostics.get("mw_threshold")
+        if chosen:
+            rows = chosen["candidates"]
+            lines += [f"**Confidence threshold** chosen on the {chosen['documents']} outside documents (development "
+                      f"set; {chosen['rule']}): **{chosen['min_confidence']}**", "",
+                      "| confidence >= | " + " | ".join(str(r["min_confidence"]) for r in rows) + " |",
+                      "|---|" + "---|" * len(rows)]
+            lines += [f"| {label} | " + " | ".join(f"{r[key]:.3f}" for r in rows) + " |"
+                      for key, label in (("precision", "precision"), ("recall", "recall"), ("f1", "F1"))]
+            lines.append("")
         curve = diagnostics.get("mw_curve", [])
         if len(curve) > 1:
             lines += ["**Memory-write learning curve** — the adapter's exports (`mw.export_steps`) writing the same "

@@ -139,9 +139,9 @@ def test_memory_stage_reports_precision_before_and_after_grounding(monkeypatch):
                                                     write_max_new_tokens=48, write_batch=2),
                                  encoder=lambda: HashEncoder(16), tokenizer=lambda: TOK)
     model = PolicyModel(write_policy, TOK.vocab_size)
-    monkeypatch.setattr(stages, "_write_budget", lambda self, _orig=stages._write_budget: {
-        **_orig(self), "make_cache": model.make_cache})
-    mem, info = stages._write_eval(pipe, model, [("x", ["a met b.", "Gamma."]), ("y", ["Nothing here."])])
+    monkeypatch.setattr(stages, "_write_budget", lambda self, min_confidence, _orig=stages._write_budget: {
+        **_orig(self, min_confidence), "make_cache": model.make_cache})
+    mem, info = stages._write_eval(pipe, model, [("x", ["a met b.", "Gamma."]), ("y", ["Nothing here."])], None)
     assert [r["source"] for r in mem.records()] == ["x/0"]
     assert info["ungrounded"] == 2 and info["correct"] == 1 and info["precision"] == 1.0 and info["recall"] == 0.5
     assert info["before_grounding"]["written_unique"] == 1  # the same triple, also written from "Gamma." and y/0
@@ -164,10 +164,48 @@ def test_memory_stage_reports_precision_before_the_confidence_check(monkeypatch)
                                                     write_batch=1),
                                  encoder=lambda: HashEncoder(16), tokenizer=lambda: TOK)
     model = PolicyModel(unsure_policy, TOK.vocab_size)
-    monkeypatch.setattr(stages, "_write_budget", lambda self, _orig=stages._write_budget: {
-        **_orig(self), "make_cache": model.make_cache})
-    mem, info = stages._write_eval(pipe, model, [("x", ["a met b, c met d."])])
+    monkeypatch.setattr(stages, "_write_budget", lambda self, min_confidence, _orig=stages._write_budget: {
+        **_orig(self, min_confidence), "make_cache": model.make_cache})
+    mem, info = stages._write_eval(pipe, model, [("x", ["a met b, c met d."])], -0.1)
     assert [r["subject"] for r in mem.records()] == ["a"]
     assert info["unconfident"] == 1 and info["ungrounded"] == 0 and info["precision"] == 1.0
     assert info["before_confidence"]["written_unique"] == 2 and info["before_confidence"]["precision"] == 0.5
     assert info["before_grounding"]["written_unique"] == 2
+
+
+def test_memory_stage_chooses_the_confidence_threshold_on_the_outside_documents(monkeypatch, tmp_path):
+    """`write_min_confidence="development"`: the outside documents are written once with every checked triple's
+    confidence; of the candidates, -0.1 keeps only the gold `a>>r>>b` (F1 1.0) and -0.5 also `c>>r>>d` (F1
+    0.67), so -0.1 is chosen, the evaluation write uses it, and rows ② / ① get the outside writes at -0.1."""
+    import json
+    import types
+
+    import data_gen.gold_memory
+    from experiments.pipeline import PipelineConfig  # before experiments.stages, which it imports
+    from experiments import stages
+    from memllm_jax.memory import TripleMemory
+    from test_decode_writer import TOK, unsure_policy
+
+    monkeypatch.setattr(data_gen.gold_memory, "gold_triples", lambda doc: [protocol.Triple("a", "r", "b")])
+    monkeypatch.setattr(stages, "_labels", lambda self: {"P1": "r"})
+    docs = {"eval": [("x", ["a met b, c met d."])],
+            "outside": [(f"o{k}", ["a met b, c met d."]) for k in range(4)]}
+    monkeypatch.setattr(stages, "_documents", lambda self, split: docs[split])
+    model = PolicyModel(unsure_policy, TOK.vocab_size)
+    monkeypatch.setattr(stages, "_write_budget", lambda self, min_confidence, _orig=stages._write_budget: {
+        **_orig(self, min_confidence), "make_cache": model.make_cache})
+    said = []
+    pipe = types.SimpleNamespace(cfg=PipelineConfig(write_grounded=True, write_min_confidence="development",
+                                                    write_confidence_grid=(-0.5, -0.1), outside_docs=4,
+                                                    write_late_stopping=False, write_max_new_tokens=48, write_batch=1),
+                                 encoder=lambda: HashEncoder(16), tokenizer=lambda: TOK, model=lambda which: model,
+                                 out=tmp_path, say=said.append)
+    info = stages.stage_memory(pipe)
+    assert info["min_confidence"] == -0.1 == stages._min_confidence(pipe)
+    assert [(r["min_confidence"], r["f1"]) for r in info["development"]["candidates"]] == [(-0.5, 2 / 3), (-0.1, 1.0)]
+    assert info["mw_eval"]["precision"] == 1.0 and info["mw_eval"]["unconfident"] == 1
+    for name in ("mw_eval", "mw_outside_small", "mw_outside_large"):
+        records = TripleMemory.open(tmp_path / "memory" / name, HashEncoder(16)).records()
+        assert {r["subject"] for r in records} == {"a"}
+    assert json.loads((tmp_path / "results" / "memory.json").read_text())["min_confidence"] == -0.1
+    assert "  confidence threshold chosen on the 4 outside documents: -0.1" in said

@@ -205,6 +205,43 @@ def test_min_confidence_drops_the_items_the_model_hesitated_on():
         assert [t.subject for t in stats.unconfident] == [s for s in "ac" if s not in kept]
 
 
+def test_scored_writes_fill_a_memory_as_a_write_at_that_threshold_would():
+    """`WriteStats.scored` keeps each checked triple with its confidence; `write_scored` at a threshold adds
+    exactly what `write_corpus` at that threshold adds, sentence by sentence."""
+    from memllm_jax.decode.writer import write_scored
+
+    model = PolicyModel(unsure_policy, TOK.vocab_size)
+    docs = [("d1", ["a met b.", "Then c."]), ("d2", ["a met b."])]
+    write = lambda mem, mc: write_corpus(model, TOK, mem, docs, batch_size=2, max_new_tokens=32,  # noqa: E731
+                                         make_cache=model.make_cache, late_stopping=False, min_confidence=mc)
+    everything = write(RecordingMemory(), -float("inf"))
+    assert [(src, t.subject) for src, t, _ in everything.scored] == [
+        ("d1/0", "a"), ("d1/0", "c"), ("d1/1", "a"), ("d1/1", "c"), ("d2/0", "a"), ("d2/0", "c")]
+    confidence = {t.subject: c for _, t, c in everything.scored}
+    assert confidence["a"] > -0.1 > confidence["c"] > -0.5  # the model hesitated on `d`
+    for threshold in (-0.5, -0.1, 0.0):
+        direct, replayed = RecordingMemory(), RecordingMemory()
+        write(direct, threshold)
+        assert write_scored(replayed, everything.scored, threshold) == sum(len(t) for t, _ in direct.added)
+        assert replayed.added == direct.added
+
+
+def test_the_development_threshold_is_the_one_with_the_highest_f1():
+    """Hand-made: at -1.0 three triples are written (two right: F1 0.8), at -0.6 two (one right: 0.5), at -0.3
+    one (right: 0.67), at -0.1 none; a triple written twice counts from its most confident write. Equal F1
+    goes to the higher threshold."""
+    from memllm_jax.eval.write_quality import choose_min_confidence
+
+    T = protocol.Triple
+    gold = [T("a", "r", "b"), T("c", "r", "d")]
+    scored = [(T("a", "r", "b"), -0.2), (T("x", "r", "y"), -0.5), (T("c", "r", "d"), -0.8), (T("a", "r", "b"), -0.9)]
+    threshold, rows = choose_min_confidence(scored, gold, (-0.1, -0.3, -0.6, -1.0))
+    assert threshold == -1.0
+    assert [round(r["f1"], 3) for r in rows] == [0.8, 0.5, 0.667, 0.0]
+    assert [r["written_unique"] for r in rows] == [3, 2, 1, 0]
+    assert choose_min_confidence(scored, gold, (-1.0, -0.9))[0] == -0.9  # the same three triples
+
+
 def test_edits_are_written_with_the_memory_stages_checks():
     """Table 3's edits (`eval.editing.extract_edits`) go through the same checks as the memory stage's writes,
     with the edit statement as the document and the focus sentence."""

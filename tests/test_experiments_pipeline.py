@@ -105,6 +105,12 @@ def test_memory_write_table_shows_each_write_check():
     assert md.index("everything") < md.index("grounded, before")
     no_checks = diagnostics_markdown(None, {"mw_against_gold": agree(5, 4, 0.8)})
     assert "everything" not in no_checks and "| 5 | 10 | 4 | 0.800 |" in no_checks
+    assert "Confidence threshold" not in md
+    chosen = {"min_confidence": -0.7, "documents": 60, "rule": "highest F1",
+              "candidates": [{"min_confidence": -0.8, **agree(8, 5, 0.625)}, {"min_confidence": -0.7, **agree(7, 5, 0.714)}]}
+    md = diagnostics_markdown(None, {**diag, "mw_threshold": chosen})
+    assert "chosen on the 60 outside documents (development set; highest F1): **-0.7**" in md
+    assert "| confidence >= | -0.8 | -0.7 |" in md and "| precision | 0.625 | 0.714 |" in md
 
 
 def test_configs_load_and_sweeps():

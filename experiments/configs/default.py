@@ -10,9 +10,10 @@ Four measured departures from the paper's settings: memory writes end at the fir
 48-step memory-write model's precision 0.43 instead of 0.49, for 3x the generated tokens); the memory keeps only
 grounded writes (both names copied from the document, one from the focus sentence, a known relation type:
 re-checking the 96-step model's written memory this way raised its precision from 0.65 to 0.76 at recall 0.82 ->
-0.81); it keeps only the triples the model wrote with confidence >= -0.6 (the log-probability of the item's
-least likely token), the threshold with the highest recall at precision >= 0.8 on the 60 outside documents,
-which serve as the development set (there: precision 0.697 -> 0.815, recall 0.842 -> 0.746); and the edited
+0.81); it keeps only the triples the model wrote confidently (the log-probability of the item's least likely
+token at least a threshold), with the threshold chosen in each run on the 60 outside documents, which serve as
+the development set: the one with the highest F1 there (`write_min_confidence="development"`; for the
+adapters measured so far -0.6 or -0.7, docs/eval.md); and the edited
 memory of the Table 3 analogue puts exact names first (with Appendix D's thresholds alone a query returns 2-5 similar
 held-out names, and the sequential edits' REL fell to 0.34 against 0.68 for single edits). The edits of the
 Table 3 analogue are written without the grounding and confidence checks (`editing_write_checks`), which cost
@@ -22,10 +23,7 @@ The memory-write training data add one context-free example per training documen
 later sentence with its pretext dropped). Without them the only lone sentences the model saw were documents'
 first sentences, and for 17 of the 200 lone edit sentences of the Table 3 analogue (e.g. "X studied at the
 University of Y.") it wrote a biography's opening facts, dates of birth and death with made-up dates and a
-citizenship, instead of the fact the sentence states (4 of 200 edits lack the new object with them). The
-confidence threshold above was chosen for the adapter trained without them; for the one trained with them the
-same rule on the outside documents picks -0.7 (docs/eval.md); the default stays at -0.6, as measured in the
-README's run.
+citizenship, instead of the fact the sentence states (4 of 200 edits lack the new object with them).
 
 The memory-read training data add the reads of one later sentence per training document, alone
 (`read_context_free`). Without them every read the model had seen followed a document's opening, and from a
@@ -43,7 +41,7 @@ def get_config() -> PipelineConfig:
                           rows=("baseline1", "baseline2", "row1", "row2", "row3", "row4", "row5", "row6", "row7",
                                 "row8", "row9"),
                           parallel_adapters=False, write_late_stopping=False, write_grounded=True,
-                          write_min_confidence=-0.6, editing_memory="editing_exact")
+                          write_min_confidence="development", editing_memory="editing_exact")
 
 
 def sweep(add) -> None:

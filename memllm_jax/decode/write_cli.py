@@ -221,5 +221,6 @@ def main(args: argparse.Namespace) -> int:
                           min_confidence=args.min_confidence)
     except CorpusError as exc:
         raise SystemExit(str(exc)) from exc
-    print(json.dumps({**stats.__dict__, "ungrounded": len(stats.ungrounded), "unconfident": len(stats.unconfident)}))
+    print(json.dumps({**stats.__dict__, "ungrounded": len(stats.ungrounded), "unconfident": len(stats.unconfident),
+                      "scored": len(stats.scored)}))
     return 0

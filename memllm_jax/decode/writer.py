@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import re
 from typing import Any, Collection, Iterable, Iterator, Sequence
 
@@ -232,6 +233,9 @@ class WriteStats:
     """Parsed triples dropped by the grounding check (`write_corpus(grounded=True)`), not written."""
     unconfident: list[protocol.Triple] = dataclasses.field(default_factory=list)
     """Grounded (or unchecked) triples dropped because the model wrote them with less than `min_confidence`."""
+    scored: list[tuple[str, protocol.Triple, float]] = dataclasses.field(default_factory=list)
+    """With `min_confidence`: every triple that reached the confidence check, kept or not, as (source sentence,
+    triple, confidence) in writing order; `write_scored` adds them to a memory at another threshold."""
 
 
 def _normalized(text: str) -> str:
@@ -255,24 +259,35 @@ def is_grounded(triple: protocol.Triple, context: str, sentence: str, relations:
     return relations is None or _normalized(triple.relation) in relations
 
 
+@dataclasses.dataclass
+class CheckedWrite:
+    """The triples of one memory-write call after the checks of `check_written`."""
+
+    kept: list[protocol.Triple]
+    ungrounded: list[protocol.Triple]
+    unconfident: list[protocol.Triple]
+    confidences: list[tuple[protocol.Triple, float]]
+    """With `min_confidence`: each triple that reached the confidence check, in writing order, with its confidence."""
+
+
 def check_written(items: list[protocol.Triple], out: dict, tokenizer, text: tuple[str, str] | None,
-                  relations: Collection[str] | None, min_confidence: float | None
-                  ) -> tuple[list[protocol.Triple], list[protocol.Triple], list[protocol.Triple]]:
-    """`(kept, ungrounded, unconfident)` of the triples parsed from one `decode_writes` result `out`: with `text`
-    (context, focus sentence) only grounded triples are kept (`is_grounded`, against the relation names
-    `relations` if given), with `min_confidence` only those the model wrote with at least that confidence
-    (`item_confidences`)."""
+                  relations: Collection[str] | None, min_confidence: float | None) -> CheckedWrite:
+    """The triples parsed from one `decode_writes` result `out`, checked: with `text` (context, focus sentence)
+    only grounded triples are kept (`is_grounded`, against the relation names `relations` if given), with
+    `min_confidence` only those the model wrote with at least that confidence (`item_confidences`)."""
     ungrounded: list[protocol.Triple] = []
     unconfident: list[protocol.Triple] = []
+    confidences: list[tuple[protocol.Triple, float]] = []
     if text is not None:
         known = None if relations is None else {_normalized(r) for r in relations}
         kept = [t for t in items if is_grounded(t, *text, known)]
         ungrounded, items = [t for t in items if t not in kept], kept
     if min_confidence is not None and items:
         conf = item_confidences(tokenizer, out["ids"], out["logps"])
-        kept = [t for t in items if conf.get(t, -float("inf")) >= min_confidence]
+        confidences = [(t, conf.get(t, -float("inf"))) for t in items]
+        kept = [t for t, c in confidences if c >= min_confidence]
         unconfident, items = [t for t in items if t not in kept], kept
-    return items, ungrounded, unconfident
+    return CheckedWrite(items, ungrounded, unconfident, confidences)
 
 
 def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_size: int = 16,
@@ -310,12 +325,13 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
                 parsed = protocol.parse_write_call(out["text"])  # an unclosed call keeps its items closed by `;`
                 stats.no_cut += out["cut"] < 0
                 stats.malformed += sum(not e.startswith(protocol.TRUNCATION_NOTES) for e in parsed.errors)
-                items, ungrounded, unconfident = check_written(list(parsed.items), out, tokenizer,
-                                                               text if grounded else None, relations, min_confidence)
-                stats.ungrounded += ungrounded
-                stats.unconfident += unconfident
-                if items:
-                    stats.triples += _add_untrusted(memory, items, source)
+                checked = check_written(list(parsed.items), out, tokenizer, text if grounded else None, relations,
+                                        min_confidence)
+                stats.ungrounded += checked.ungrounded
+                stats.unconfident += checked.unconfident
+                stats.scored += [(source, t, c) for t, c in checked.confidences]
+                if checked.kept:
+                    stats.triples += _add_untrusted(memory, checked.kept, source)
                 remaining[doc_id] -= 1
                 if remaining[doc_id] == 0:
                     finished.append(doc_id)
@@ -337,6 +353,18 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
         flush(False)
     flush(True)
     return stats
+
+
+def write_scored(memory, scored: Sequence[tuple[str, protocol.Triple, float]], min_confidence: float) -> int:
+    """Add the triples of `WriteStats.scored` written with at least `min_confidence` to `memory`, one sentence
+    at a time as `write_corpus` does: the memory a write at that threshold would have given, without decoding
+    again. Returns the triples added."""
+    added = 0
+    for source, group in itertools.groupby(scored, key=lambda item: item[0]):
+        kept = [t for _, t, c in group if c >= min_confidence]
+        if kept:
+            added += _add_untrusted(memory, kept, source)
+    return added
 
 
 def _focus_text(doc: WriteDocument, source: str) -> tuple[str, str]:

@@ -163,9 +163,8 @@ def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord], *, 
                             pad_to=batch_size, late_stopping=late_stopping)
         for sentence, r in zip(sentences[i:i + batch_size], res):
             items = list(protocol.parse_write_call(r["text"]).items)  # unclosed: items closed by `;`
-            kept, _, _ = check_written(items, r, tok, (sentence, sentence) if grounded else None, relations,
-                                        min_confidence)
-            out.append(kept)
+            out.append(check_written(items, r, tok, (sentence, sentence) if grounded else None, relations,
+                                     min_confidence).kept)
     return out
 
 

@@ -28,3 +28,20 @@ def write_agreement(written: Iterable[dict | protocol.Triple], gold: Iterable[pr
     f1 = 2 * precision * recall / (precision + recall) if hit else 0.0
     return {"written_unique": len(written_keys), "gold_unique": len(gold_keys), "correct": hit,
             "precision": precision, "recall": recall, "f1": f1}
+
+
+def choose_min_confidence(scored: Iterable[tuple[protocol.Triple, float]], gold: Iterable[protocol.Triple],
+                          candidates: Iterable[float]) -> tuple[float, list[dict]]:
+    """The confidence threshold with the highest F1 against `gold` (ties: the higher threshold, i.e. the more
+    precise memory), and the precision / recall / F1 of every candidate.
+
+    `scored`: the (triple, confidence) pairs a memory-write model wrote on development documents whose gold
+    triples are `gold` (`decode.writer.WriteStats.scored`); a triple counts as written at threshold t when one
+    of its writes has confidence >= t, as the memory keeps a triple once."""
+    scored, gold = list(scored), list(gold)
+    rows = [{"min_confidence": t, **write_agreement([x for x, c in scored if c >= t], gold)}
+            for t in sorted(set(candidates))]
+    if not rows:
+        raise ValueError("choose_min_confidence needs at least one candidate threshold")
+    best = max(rows, key=lambda r: (r["f1"], r["min_confidence"]))
+    return best["min_confidence"], rows
