@@ -226,6 +226,10 @@ def stage_memory(self):
     from memllm_jax.decode.writer import write_corpus, write_scored
     from memllm_jax.memory import TripleMemory
 
+    setting = self.cfg.write_min_confidence
+    if isinstance(setting, str) and setting != DEVELOPMENT:
+        raise InputError(f'PipelineConfig.write_min_confidence: expected a number, None or "{DEVELOPMENT}", '
+                         f"got {setting!r}")
     enc, mw, info = self.encoder(), self.model("mw"), {}
     eval_docs = _documents(self, "eval")
     outside = _documents(self, "outside") if self.cfg.outside_docs else []

@@ -209,3 +209,15 @@ def test_memory_stage_chooses_the_confidence_threshold_on_the_outside_documents(
         assert {r["subject"] for r in records} == {"a"}
     assert json.loads((tmp_path / "results" / "memory.json").read_text())["min_confidence"] == -0.1
     assert "  confidence threshold chosen on the 4 outside documents: -0.1" in said
+
+
+def test_memory_stage_names_a_misspelt_threshold_setting(tmp_path):
+    import types
+
+    from experiments.pipeline import PipelineConfig  # before experiments.stages, which it imports
+    from experiments import stages
+    from memllm_jax.errors import InputError
+
+    pipe = types.SimpleNamespace(cfg=PipelineConfig(write_min_confidence="developement"), out=tmp_path)
+    with pytest.raises(InputError, match="write_min_confidence: expected a number, None or \"development\""):
+        stages.stage_memory(pipe)
