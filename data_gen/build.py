@@ -21,7 +21,8 @@ from data_gen.eval_examples import eval_record
 from data_gen.io import JsonlWriter, atomic_open, iter_json_array
 from data_gen.read_examples import context_free_records, read_records, scan_read_points
 from data_gen.stats import Stats
-from data_gen.write_examples import context_free_items, iter_write_items, write_coverage, write_record
+from data_gen.write_examples import (context_free_items, iter_write_items, question_form_items, write_coverage,
+                                     write_record)
 from memllm_jax import protocol as P
 
 
@@ -61,10 +62,11 @@ def lm_record(doc: Document) -> dict:
 
 def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, *, pretext_sentences: int | None,
                    q_thr: int, max_queries: int, filter_ambiguous: bool, context_free: int = 0,
-                   read_context_free: int = 0, seed: int = 0) -> Iterator[tuple[str, dict]]:
+                   read_context_free: int = 0, question_form: int = 0, seed: int = 0) -> Iterator[tuple[str, dict]]:
     """`context_free`: extra write examples per document of one later sentence without its pretext
     (`write_examples.context_free_items`), marked `"context_free": true`; `read_context_free`: the same for read
-    examples (`read_examples.context_free_records`)."""
+    examples (`read_examples.context_free_records`); `question_form`: extra write examples per document of one
+    triple asked as a question and answered (`write_examples.question_form_items`), marked `"question_form": true`."""
     stats.documents += 1
     if "write" in kinds:
         for item in iter_write_items(doc, pretext_sentences):
@@ -73,6 +75,10 @@ def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, *, pr
             yield "write", rec
         for item in context_free_items(doc, context_free, seed):
             rec = {**write_record(doc, item), "context_free": True}
+            stats.add_write(rec)
+            yield "write", rec
+        for item in question_form_items(doc, question_form, seed):
+            rec = {**write_record(doc, item), "question_form": True}
             stats.add_write(rec)
             yield "write", rec
         cov = write_coverage(doc, pretext_sentences)
@@ -102,8 +108,8 @@ def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, *, pr
 def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds: set[str], memory: str = "gold",
               query_fn_factory: Callable[[Callable[[], Iterable[Document]]], object] | None = None,
               pretext_sentences: int | None = 10, q_thr: int = 30, max_queries: int = 3, filter_ambiguous: bool = True,
-              counterfactual: int = 0, context_free: int = 0, read_context_free: int = 0, fmt: str = "jsonl",
-              limit: int | None = None, seed: int = 0) -> Stats:
+              counterfactual: int = 0, context_free: int = 0, read_context_free: int = 0, question_form: int = 0,
+              fmt: str = "jsonl", limit: int | None = None, seed: int = 0) -> Stats:
     out = pathlib.Path(out_dir)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -111,7 +117,8 @@ def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds
         return _build_all(input_path, out, labels, kinds=kinds, query_fn_factory=query_fn_factory,
                           pretext_sentences=pretext_sentences, q_thr=q_thr, max_queries=max_queries,
                           filter_ambiguous=filter_ambiguous, counterfactual=counterfactual, context_free=context_free,
-                          read_context_free=read_context_free, fmt=fmt, limit=limit, seed=seed)
+                          read_context_free=read_context_free, question_form=question_form, fmt=fmt, limit=limit,
+                          seed=seed)
     except BaseException:
         if created:  # the writers removed their temp files; leave no empty output directory either
             with contextlib.suppress(OSError):
@@ -121,7 +128,8 @@ def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds
 
 def _build_all(input_path: str, out: pathlib.Path, labels: Mapping[str, str], *, kinds: set[str], query_fn_factory,
                pretext_sentences: int | None, q_thr: int, max_queries: int, filter_ambiguous: bool, counterfactual: int,
-               context_free: int, read_context_free: int, fmt: str, limit: int | None, seed: int) -> Stats:
+               context_free: int, read_context_free: int, question_form: int, fmt: str, limit: int | None,
+               seed: int) -> Stats:
     t0 = time.perf_counter()
     streams: list[tuple[int | None, Callable[[], Iterator[Document]]]] = [
         (None, lambda: iter_documents(input_path, labels, limit))]
@@ -149,7 +157,7 @@ def _build_all(input_path: str, out: pathlib.Path, labels: Mapping[str, str], *,
                 for kind, rec in build_document(doc, kinds, query_fn, stats, pretext_sentences=pretext_sentences,
                                                 q_thr=q_thr, max_queries=max_queries, filter_ambiguous=filter_ambiguous,
                                                 context_free=context_free, read_context_free=read_context_free,
-                                                seed=seed):
+                                                question_form=question_form, seed=seed):
                     if variant is not None:
                         rec["variant"] = variant
                     writers[kind].write(rec)

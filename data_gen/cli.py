@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="also N write examples per document of one later sentence without its pretext")
     b.add_argument("--read-context-free", type=int, default=0,
                    help="also the read examples of N later sentences per document, each without the text before it")
+    b.add_argument("--question-form", type=int, default=0,
+                   help="also N write examples per document of one triple asked as a question and answered "
+                        "(the form of Table 3's edits)")
     b.add_argument("--format", choices=("jsonl", "arrayrecord"), default="jsonl")
     b.add_argument("--limit", type=int, default=None, help="only the first N documents")
     b.add_argument("--seed", type=int, default=0)
@@ -163,7 +166,7 @@ def _build(args) -> int:
                             pretext_sentences=args.pretext_sentences, q_thr=args.q_thr, max_queries=args.max_queries,
                             filter_ambiguous=not args.no_ambiguous_filter, counterfactual=args.counterfactual,
                             context_free=args.context_free, read_context_free=args.read_context_free,
-                            fmt=args.format, limit=args.limit, seed=args.seed)
+                            question_form=args.question_form, fmt=args.format, limit=args.limit, seed=args.seed)
     print(stats.report(f"examples from {args.input}"))
     return 0
 

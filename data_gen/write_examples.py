@@ -15,6 +15,12 @@ example with an empty pretext is a document's first sentence, which in a biograp
 citizenship; a model trained so writes those facts for any lone sentence that starts with a person's name
 (an edit such as "X studied at the University of Y." got date of birth / date of death / citizenship triples
 with made-up dates), instead of the fact the sentence states.
+
+Question-form examples (`question_form_items`, optional): one triple of the document asked as a question and
+answered in the form of Table 3's edits (paper §4.3: "What city was X born? It is or they are Naples"), e.g.
+"What is the country of Naples? It is or they are Italy" -> `Naples>>country>>Italy`. Built from the training
+documents' own triples (no ZsRE text); without them the model has seen no question with its answer after it and,
+given an edit, writes the question's subject with an object of its own instead of the answer.
 """
 
 from __future__ import annotations
@@ -95,6 +101,29 @@ def context_free_items(doc: Document, n: int, seed: int = 0) -> list[WriteItem]:
     lone = [item for item in iter_write_items(doc, pretext_sentences=0) if item.sent_id > 0 and item.triples]
     rng = random.Random(f"{seed}:{doc.doc_id}")
     return sorted(rng.sample(lone, min(n, len(lone))), key=lambda item: item.sent_id)
+
+
+QUESTION_TEMPLATES = ("What is the {relation} of {subject}?", "What {relation} is associated with {subject}?")
+
+
+def question_form_items(doc: Document, n: int, seed: int = 0) -> list[WriteItem]:
+    """Up to `n` distinct triples whose two entities one sentence names (drawn at random, seeded by `seed` and the
+    document id), each as a question about its subject and relation followed by `protocol.WRITE_BRIDGE` and its
+    object, with no pretext; the target is that one triple."""
+    if n <= 0:
+        return []
+    found: dict[P.Triple, tuple[int, int]] = {}
+    for item in iter_write_items(doc, pretext_sentences=0):
+        for triple, r_idx in zip(item.triples, item.relation_ids):
+            found.setdefault(triple, (item.sent_id, r_idx))
+    rng = random.Random(f"question:{seed}:{doc.doc_id}")
+    chosen = rng.sample(sorted(found), min(n, len(found)))
+    out = []
+    for t in chosen:
+        question = rng.choice(QUESTION_TEMPLATES).format(relation=t.relation, subject=t.subject)
+        sent_id, r_idx = found[t]
+        out.append(WriteItem(sent_id, "", question + P.WRITE_BRIDGE + t.object, (t,), (r_idx,)))
+    return out
 
 
 def write_record(doc: Document, item: WriteItem) -> dict:

@@ -56,6 +56,11 @@ class PipelineConfig:
     before it dropped (`data_gen.read_examples.context_free_records`). Without them every read follows a
     document's opening, and from a lone sentence start (a Table 3 cloze) the model asks a biography's opening
     relations instead of the one the sentence states."""
+    write_question_form: int = 0
+    """Extra memory-write training examples per training document: one of its triples asked as a question with the
+    answer after `protocol.WRITE_BRIDGE`, the form of Table 3's ZsRE edits (`data_gen.write_examples.
+    question_form_items`). Not in the paper's training data; for a base that, without them, writes the question's
+    subject with an object of its own instead of the edit's answer."""
     vocab_size: int = 4096
     """Tokenizer vocabulary (byte-level BPE trained on the training documents). 4096 makes most of the synthetic
     world's name words single tokens, which the memory-write / memory-read models must copy."""
@@ -158,7 +163,7 @@ def _atomic_text(path: pathlib.Path, text: str) -> None:
 
 _DEPENDS = {
     "corpus": ("corpus", "eval_corpus", "synth_docs", "synth_seed", "heldout_world", "labels", "eval_docs",
-               "outside_docs", "write_context_free", "read_context_free"),
+               "outside_docs", "write_context_free", "read_context_free", "write_question_form"),
     "tokenizer": ("base_model", "vocab_size", "tokenizer_texts"),
     "pretrain": ("pretrain_config",),
     "mw": ("mw_config",),

@@ -9,7 +9,8 @@ from data_gen.eval_examples import eval_record
 from data_gen.gold_memory import GoldLookup
 from data_gen.read_examples import context_free_records, iter_read_examples, scan_read_points
 from data_gen.relations import ambiguous_label_filter, is_ambiguous
-from data_gen.write_examples import context_free_items, iter_write_examples, write_coverage
+from data_gen.write_examples import (QUESTION_TEMPLATES, context_free_items, iter_write_examples, question_form_items,
+                                     write_coverage)
 from memllm_jax import protocol as P
 
 LABELS = {"P175": "performer", "P19": "place of birth", "P361": "part of", "P150": "contains administrative territorial entity",
@@ -92,6 +93,37 @@ def test_build_adds_context_free_write_examples(tmp_path):
     assert len(extra) == 1 and extra[0]["segments"][0]["text"] == (
         "({USER_ST})The song Il Regalo Più Grande is part of Alla Mia Età.({USER_END})")
     assert extra[0]["triples"] == [["Il Regalo Più Grande", "part of", "Alla Mia Età"]]
+
+
+def test_question_form_items(doc):
+    """Each triple whose two names one sentence holds (the pronoun sentence has none), asked in one of the templates
+    with the answer after the edit bridge; the same draw for the same seed."""
+    items = question_form_items(doc, 5)
+    assert sorted(i.triples for i in items) == [(P.Triple("Alla Mia Età", "performer", "Tiziano Ferro"),),
+                                                (P.Triple("Il Regalo Più Grande", "part of", "Alla Mia Età"),)]
+    for item in items:
+        (t,) = item.triples
+        assert item.pretext == ""
+        assert item.sentence in {q.format(relation=t.relation, subject=t.subject) + " It is or they are " + t.object
+                                 for q in QUESTION_TEMPLATES}
+    assert question_form_items(doc, 5) == items and question_form_items(doc, 0) == []
+    assert len(question_form_items(doc, 1)) == 1
+
+
+def test_build_adds_question_form_write_examples(tmp_path):
+    from data_gen import build
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps([RAW]))
+    plain = build.build_all(str(path), str(tmp_path / "plain"), LABELS, kinds={"write"})
+    more = build.build_all(str(path), str(tmp_path / "more"), LABELS, kinds={"write"}, question_form=1)
+    assert more.write_examples == plain.write_examples + 1
+    recs = [json.loads(line) for line in (tmp_path / "more" / "write.jsonl").read_text().splitlines()]
+    (extra,) = [r for r in recs if r.get("question_form")]
+    (triple,) = extra["triples"]
+    prompt = extra["segments"][0]["text"]
+    assert prompt.startswith("({USER_ST})") and prompt.endswith(" It is or they are " + triple[2] + "({USER_END})")
+    assert extra["segments"][1] == {"text": "({MEM_WRITE-->" + ">>".join(triple) + "})", "loss": True}
 
 
 def test_context_free_read_records(doc):
