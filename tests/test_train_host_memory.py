@@ -1,6 +1,7 @@
 """train.host_memory: a freed large block is reused without page faults (keep_freed_memory), a no-op once JAX runs;
 release_freed_memory gives the kept pages back."""
 
+import os
 import subprocess
 import sys
 
@@ -24,9 +25,9 @@ print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def _second_block(mode: str) -> tuple[bool, int]:
+def _second_block(mode: str, env: dict | None = None) -> tuple[bool, int]:
     out = subprocess.run([sys.executable, "-c", FAULTS_OF_SECOND_BLOCK, mode], capture_output=True, text=True,
-                         check=True).stdout.split()
+                         check=True, env=env).stdout.split()
     return out[0] == "True", int(out[1])
 
 
@@ -38,6 +39,12 @@ def test_kept_memory_is_reused_without_page_faults():
     pages = 256 * 2**20 // 4096
     assert default_faults > pages // 2  # glibc maps a block this large afresh: every page faults again
     assert kept_faults < pages // 20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc settings")
+def test_environment_opt_out_leaves_malloc_as_it_is():
+    applied, faults = _second_block("keep", env={**os.environ, "MEMLLM_DEFAULT_MALLOC": "1"})
+    assert not applied and faults > 256 * 2**20 // 4096 // 2
 
 
 def test_no_op_once_jax_runs():

@@ -12,12 +12,18 @@ The process then holds its peak memory until it exits, as a training process doe
 several jobs in turn (`memllm run`'s stages) calls `release_freed_memory` between them: without it the
 embedded default's pipeline held 18.5 GB of a 24 GB host after its two training stages, of which `malloc_trim`
 released 16.4 GB (2.1 GB live).
+
+The kept heap also holds on to fragments: a job whose steps change shape (length buckets, evaluation batches)
+can grow it well past one step's need. `MEMLLM_DEFAULT_MALLOC=1` in the environment leaves malloc as it is
+(slower steps, a peak of one step's buffers): seen needed for the SmolLM2 memory-read adapter at 8 x 512 tokens
+with buckets (256, 512), killed by the kernel at 24 GB after 13 steps on a 24 GB host.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 
 M_TRIM_THRESHOLD = -1
@@ -43,7 +49,10 @@ def _jax_backend_started() -> bool:
 
 def keep_freed_memory() -> bool:
     """Apply the glibc malloc settings of the module docstring; True when applied. Does nothing (False) off
-    Linux, without glibc's `mallopt`, or once JAX's backend has started (call it first thing in a process)."""
+    Linux, without glibc's `mallopt`, with `MEMLLM_DEFAULT_MALLOC=1` in the environment, or once JAX's backend
+    has started (call it first thing in a process)."""
+    if os.environ.get("MEMLLM_DEFAULT_MALLOC", "") not in ("", "0"):
+        return False
     if not sys.platform.startswith("linux") or _jax_backend_started():
         return False
     try:
