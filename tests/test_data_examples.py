@@ -80,16 +80,22 @@ def test_context_free_items(doc):
     assert context_free_items(doc, 0) == []
 
 
-def test_build_adds_context_free_write_examples(tmp_path):
+def _extra_write_records(tmp_path, flag: str, **build_kwargs) -> list[dict]:
+    """The write records marked `flag` that `build_all(**build_kwargs)` adds to the golden document's; checks that
+    it adds exactly one."""
     from data_gen import build
 
     path = tmp_path / "c.json"
     path.write_text(json.dumps([RAW]))
     plain = build.build_all(str(path), str(tmp_path / "plain"), LABELS, kinds={"write"})
-    more = build.build_all(str(path), str(tmp_path / "more"), LABELS, kinds={"write"}, context_free=1)
+    more = build.build_all(str(path), str(tmp_path / "more"), LABELS, kinds={"write"}, **build_kwargs)
     assert more.write_examples == plain.write_examples + 1
     recs = [json.loads(line) for line in (tmp_path / "more" / "write.jsonl").read_text().splitlines()]
-    extra = [r for r in recs if r.get("context_free")]
+    return [r for r in recs if r.get(flag)]
+
+
+def test_build_adds_context_free_write_examples(tmp_path):
+    extra = _extra_write_records(tmp_path, "context_free", context_free=1)
     assert len(extra) == 1 and extra[0]["segments"][0]["text"] == (
         "({USER_ST})The song Il Regalo Più Grande is part of Alla Mia Età.({USER_END})")
     assert extra[0]["triples"] == [["Il Regalo Più Grande", "part of", "Alla Mia Età"]]
@@ -111,15 +117,7 @@ def test_question_form_items(doc):
 
 
 def test_build_adds_question_form_write_examples(tmp_path):
-    from data_gen import build
-
-    path = tmp_path / "c.json"
-    path.write_text(json.dumps([RAW]))
-    plain = build.build_all(str(path), str(tmp_path / "plain"), LABELS, kinds={"write"})
-    more = build.build_all(str(path), str(tmp_path / "more"), LABELS, kinds={"write"}, question_form=1)
-    assert more.write_examples == plain.write_examples + 1
-    recs = [json.loads(line) for line in (tmp_path / "more" / "write.jsonl").read_text().splitlines()]
-    (extra,) = [r for r in recs if r.get("question_form")]
+    (extra,) = _extra_write_records(tmp_path, "question_form", question_form=1)
     (triple,) = extra["triples"]
     prompt = extra["segments"][0]["text"]
     assert prompt.startswith("({USER_ST})") and prompt.endswith(" It is or they are " + triple[2] + "({USER_END})")
