@@ -56,6 +56,9 @@ class PipelineConfig:
     before it dropped (`data_gen.read_examples.context_free_records`). Without them every read follows a
     document's opening, and from a lone sentence start (a Table 3 cloze) the model asks a biography's opening
     relations instead of the one the sentence states."""
+    keep_freed_memory: bool = True
+    """Keep freed host memory for reuse within each stage (`memllm_jax.train.host_memory`: faster steps); False for
+    a config whose steps change shape enough to fragment the kept heap past the host's memory."""
     write_question_form: int = 0
     """Extra memory-write training examples per training document: one of its triples asked as a question with the
     answer after `protocol.WRITE_BRIDGE`, the form of Table 3's ZsRE edits (`data_gen.write_examples.

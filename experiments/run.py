@@ -57,14 +57,14 @@ def main(args: argparse.Namespace) -> int:
     from memllm_jax.config import override
     from memllm_jax.train.host_memory import keep_freed_memory
 
-    keep_freed_memory()  # before JAX starts: the training and decoding steps reuse their buffers' pages
-
     module = load_config_module(args.config)
     base = module.get_config()
     if not isinstance(base, PipelineConfig):
         raise SystemExit(f"{args.config}: get_config() returned {type(base).__name__}; `memllm run` takes a PipelineConfig "
                          "(training configs run with `memllm train`)")
     base = override(base, *args.set)
+    if base.keep_freed_memory:
+        keep_freed_memory()  # before JAX starts: the training and decoding steps reuse their buffers' pages
     out = pathlib.Path(args.out)
     t0 = time.perf_counter()
 

@@ -25,7 +25,10 @@ Not in the paper's training data: two question-form memory-write examples per tr
 are ", the form of ZsRE's edits). Without them the 40-step adapter wrote the edit's answer as an object for 39 of
 198 edits; with them the memory held the answer for 77 (sequential) / 96 (single) edits and Table 3 went to REL /
 GEN 0.25 / 0.24 sequential, 0.30 / 0.30 single (LOC 1.00), while the Re-DocRED memory-write precision / recall
-went from 0.23 / 0.05 to 0.19 / 0.05 (measured idle on 2026-11-24; README, "Fourth run")."""
+went from 0.23 / 0.05 to 0.19 / 0.05 (measured idle on 2026-11-24; README, "Fourth run").
+
+`keep_freed_memory=False`: with freed memory kept, the memory-read adapter's 8 x 512 steps in two length buckets
+fragmented the heap to 24 GB and the kernel killed the run after 13 steps."""
 
 import pathlib
 
@@ -37,7 +40,7 @@ SHARED = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
 def get_config() -> PipelineConfig:
     return PipelineConfig(name="smollm2_redocred", corpus=str(SHARED / "redocred" / "test_revised.json"),
                           labels=str(SHARED / "docred" / "rel_info.json"), eval_docs=50, outside_docs=50,
-                          write_context_free=1, read_context_free=1, write_question_form=2,
+                          write_context_free=1, read_context_free=1, write_question_form=2, keep_freed_memory=False,
                           base_model="smollm2-135m", mw_config="mw_smollm2", mr_config="mr_smollm2",
                           train_overrides=("mw.seq_len=512", "mr.seq_len=512", "mw.buckets=(256, 512)",
                                            "mr.buckets=(256, 512)", "mw.steps=40", "mr.steps=90"),
