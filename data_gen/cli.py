@@ -48,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--question-form", type=int, default=0,
                    help="also N write examples per document of one triple asked as a question and answered "
                         "(the form of Table 3's edits)")
+    b.add_argument("--read-question-form", type=int, default=0,
+                   help="also N read examples per document of one triple asked as a question, read and answered")
     b.add_argument("--format", choices=("jsonl", "arrayrecord"), default="jsonl")
     b.add_argument("--limit", type=int, default=None, help="only the first N documents")
     b.add_argument("--seed", type=int, default=0)
@@ -166,7 +168,8 @@ def _build(args) -> int:
                             pretext_sentences=args.pretext_sentences, q_thr=args.q_thr, max_queries=args.max_queries,
                             filter_ambiguous=not args.no_ambiguous_filter, counterfactual=args.counterfactual,
                             context_free=args.context_free, read_context_free=args.read_context_free,
-                            question_form=args.question_form, fmt=args.format, limit=args.limit, seed=args.seed)
+                            question_form=args.question_form,
+                            read_question_form=args.read_question_form, fmt=args.format, limit=args.limit, seed=args.seed)
     print(stats.report(f"examples from {args.input}"))
     return 0
 

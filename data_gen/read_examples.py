@@ -18,6 +18,12 @@ itself names). Without them every read the model sees follows a document's openi
 such as an edit's cloze ("X studied at the") is a context it never read from: it asked the relations of a
 biography's opening (place of birth) instead of the one the sentence states.
 
+Question-form examples (`question_form_records`, optional; not in the paper's training data): one of the
+document's triples asked as a natural question, the read of its subject and relation, the objects the document
+states for them, then the answer, e.g. "Where was X born?({MEM_READ(X>>place of birth>>)-->Naples}) Naples".
+Table 3 asks ZsRE questions with a read forced after the question mark; without them every read the model has
+made followed a declarative sentence.
+
 A triple becomes "seen" when both its entities have been mentioned (whether or not its query survives the
 filters). The pseudocode's line 18 read literally would mark triples seen before their query entity
 appears, so no query could ever be formed; this follows the text of §3.3 and the original code instead.
@@ -31,6 +37,7 @@ from typing import Callable, Iterator, Sequence
 
 from data_gen.docred import Document, Mention, sentence_document
 from data_gen.relations import is_ambiguous
+from data_gen.write_examples import asked_triples
 from memllm_jax import protocol as P
 
 QueryFn = Callable[[Sequence[P.Query]], Sequence["list[str] | None"]]
@@ -197,4 +204,23 @@ def context_free_records(doc: Document, query_fn: QueryFn | None, n: int, seed: 
     for i, sentence in chosen:
         out += [{**rec, "sent_id": i, "eos": False, "context_free": True}
                 for rec in read_records(sentence, scan_read_points(sentence, query_fn, **kwargs))]
+    return out
+
+
+def question_form_records(doc: Document, n: int, seed: int = 0) -> list[dict]:
+    """Up to `n` of the document's triples (`write_examples.asked_triples`, drawn apart from the question-form
+    write examples), each as: the question (no loss), the read of its subject and relation, the objects the
+    document states for them (no loss), " " + the triple's object, EOS. Marked `"question_form": true`."""
+    out = []
+    for a in asked_triples(doc, n, seed, salt="read-question"):
+        query = P.Query(a.triple.subject, a.triple.relation, None)
+        out.append({
+            "kind": "read", "doc": doc.doc_id, "read_index": 0, "sent_id": a.sent_id, "question_form": True,
+            "segments": [{"text": P.escape_text(a.question), "loss": False},
+                         {"text": P.format_read_call([query]), "loss": True},
+                         {"text": P.format_read_result(a.answers), "loss": False},
+                         {"text": P.escape_text(" " + a.triple.object), "loss": True}],
+            "eos": True, "target": a.triple.object, "queries": [[query.subject, query.relation, query.object]],
+            "results": list(a.answers), "result_counts": [len(a.answers)],
+        })
     return out

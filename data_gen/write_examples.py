@@ -18,9 +18,10 @@ with made-up dates), instead of the fact the sentence states.
 
 Question-form examples (`question_form_items`, optional): one triple of the document asked as a question and
 answered in the form of Table 3's edits (paper §4.3: "What city was X born? It is or they are Naples"), e.g.
-"What is the country of Naples? It is or they are Italy" -> `Naples>>country>>Italy`. Built from the training
-documents' own triples (no ZsRE text); without them the model has seen no question with its answer after it and,
-given an edit, writes the question's subject with an object of its own instead of the answer.
+"Which country is Naples in? It is or they are Italy" -> `Naples>>country>>Italy`. Built from the training
+documents' own triples (no ZsRE text), the question drawn from the relation's natural questions or the two that
+spell its label out (`relation_questions`); without them the model has seen no question with its answer after it
+and, given an edit, writes the question's subject with an object of its own instead of the answer.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import random
 from typing import Iterator
 
 from data_gen.docred import Document, Mention
+from data_gen.relation_questions import ask
 from memllm_jax import protocol as P
 
 DEFAULT_PRETEXT_SENTENCES = 10
@@ -103,27 +105,39 @@ def context_free_items(doc: Document, n: int, seed: int = 0) -> list[WriteItem]:
     return sorted(rng.sample(lone, min(n, len(lone))), key=lambda item: item.sent_id)
 
 
-QUESTION_TEMPLATES = ("What is the {relation} of {subject}?", "What {relation} is associated with {subject}?")
+@dataclasses.dataclass(frozen=True)
+class AskedTriple:
+    """A triple of a document asked as a natural question about its subject and relation."""
+    question: str
+    triple: P.Triple
+    sent_id: int
+    relation_id: int
+    answers: tuple[str, ...]
+    """Every object the document states for the triple's subject and relation, the triple's own first."""
 
 
-def question_form_items(doc: Document, n: int, seed: int = 0) -> list[WriteItem]:
-    """Up to `n` distinct triples whose two entities one sentence names (drawn at random, seeded by `seed` and the
-    document id), each as a question about its subject and relation followed by `protocol.WRITE_BRIDGE` and its
-    object, with no pretext; the target is that one triple."""
+def asked_triples(doc: Document, n: int, seed: int = 0, salt: str = "question") -> list[AskedTriple]:
+    """Up to `n` distinct triples whose two entities one sentence names (drawn at random, seeded by `salt`, `seed`
+    and the document id), each with a question about its subject and relation (`relation_questions.ask`)."""
     if n <= 0:
         return []
     found: dict[P.Triple, tuple[int, int]] = {}
     for item in iter_write_items(doc, pretext_sentences=0):
         for triple, r_idx in zip(item.triples, item.relation_ids):
             found.setdefault(triple, (item.sent_id, r_idx))
-    rng = random.Random(f"question:{seed}:{doc.doc_id}")
+    rng = random.Random(f"{salt}:{seed}:{doc.doc_id}")
     chosen = rng.sample(sorted(found), min(n, len(found)))
-    out = []
-    for t in chosen:
-        question = rng.choice(QUESTION_TEMPLATES).format(relation=t.relation, subject=t.subject)
-        sent_id, r_idx = found[t]
-        out.append(WriteItem(sent_id, "", question + P.WRITE_BRIDGE + t.object, (t,), (r_idx,)))
-    return out
+    objects = lambda t: tuple(dict.fromkeys([t.object] + [u.object for u in found if u.subject == t.subject  # noqa: E731
+                                                          and u.relation == t.relation]))
+    return [AskedTriple(ask(t.subject, t.relation, doc.relations[found[t][1]].pid, rng), t, *found[t], objects(t))
+            for t in chosen]
+
+
+def question_form_items(doc: Document, n: int, seed: int = 0) -> list[WriteItem]:
+    """`asked_triples`, each question followed by `protocol.WRITE_BRIDGE` and the triple's object, with no
+    pretext; the target is that one triple."""
+    return [WriteItem(a.sent_id, "", a.question + P.WRITE_BRIDGE + a.triple.object, (a.triple,), (a.relation_id,))
+            for a in asked_triples(doc, n, seed)]
 
 
 def write_record(doc: Document, item: WriteItem) -> dict:

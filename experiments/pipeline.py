@@ -64,6 +64,10 @@ class PipelineConfig:
     answer after `protocol.WRITE_BRIDGE`, the form of Table 3's ZsRE edits (`data_gen.write_examples.
     question_form_items`). Not in the paper's training data; for a base that, without them, writes the question's
     subject with an object of its own instead of the edit's answer."""
+    read_question_form: int = 0
+    """Extra memory-read training examples per training document: one of its triples asked as a question, the read
+    of its subject and relation, the memory's answer and the object (`data_gen.read_examples.
+    question_form_records`). Not in the paper's training data; Table 3 forces a read after each ZsRE question."""
     vocab_size: int = 4096
     """Tokenizer vocabulary (byte-level BPE trained on the training documents). 4096 makes most of the synthetic
     world's name words single tokens, which the memory-write / memory-read models must copy."""
@@ -166,7 +170,8 @@ def _atomic_text(path: pathlib.Path, text: str) -> None:
 
 _DEPENDS = {
     "corpus": ("corpus", "eval_corpus", "synth_docs", "synth_seed", "heldout_world", "labels", "eval_docs",
-               "outside_docs", "write_context_free", "read_context_free", "write_question_form"),
+               "outside_docs", "write_context_free", "read_context_free", "write_question_form",
+               "read_question_form"),
     "tokenizer": ("base_model", "vocab_size", "tokenizer_texts"),
     "pretrain": ("pretrain_config",),
     "mw": ("mw_config",),

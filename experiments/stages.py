@@ -74,7 +74,7 @@ def stage_corpus(self):
     self.say(f"  building write / read / lm examples from {len(split['train'])} training documents")
     st_train = build_all(str(data / "train.json"), str(data / "train"), labels, kinds={"write", "read", "lm"},
                          context_free=cfg.write_context_free, read_context_free=cfg.read_context_free,
-                         question_form=cfg.write_question_form,
+                         question_form=cfg.write_question_form, read_question_form=cfg.read_question_form,
                          seed=cfg.synth_seed)
     self.say(f"  building eval records for {len(split['eval'])} held-out documents")
     build_all(str(data / "eval.json"), str(data / "eval"), labels, kinds={"eval", "write", "read"})

@@ -7,9 +7,10 @@ import pytest
 from data_gen.docred import parse_document
 from data_gen.eval_examples import eval_record
 from data_gen.gold_memory import GoldLookup
-from data_gen.read_examples import context_free_records, iter_read_examples, scan_read_points
-from data_gen.relations import ambiguous_label_filter, is_ambiguous
-from data_gen.write_examples import (QUESTION_TEMPLATES, context_free_items, iter_write_examples, question_form_items,
+from data_gen.read_examples import context_free_records, iter_read_examples, question_form_records, scan_read_points
+from data_gen.relation_questions import GENERIC_TEMPLATES, QUESTIONS_BY_PID
+from data_gen.relations import DEFAULT_REL_INFO, ambiguous_label_filter, is_ambiguous, load_relation_labels
+from data_gen.write_examples import (context_free_items, iter_write_examples, question_form_items,
                                      write_coverage)
 from memllm_jax import protocol as P
 
@@ -102,18 +103,34 @@ def test_build_adds_context_free_write_examples(tmp_path):
 
 
 def test_question_form_items(doc):
-    """Each triple whose two names one sentence holds (the pronoun sentence has none), asked in one of the templates
-    with the answer after the edit bridge; the same draw for the same seed."""
+    """Each triple whose two names one sentence holds (the pronoun sentence has none), asked in one of its relation's
+    questions (natural or spelling the label out) with the answer after the edit bridge; the same draw for the same
+    seed; over seeds, both kinds of question are drawn."""
     items = question_form_items(doc, 5)
+    pids = {r.label: r.pid for r in doc.relations}
     assert sorted(i.triples for i in items) == [(P.Triple("Alla Mia Età", "performer", "Tiziano Ferro"),),
                                                 (P.Triple("Il Regalo Più Grande", "part of", "Alla Mia Età"),)]
     for item in items:
         (t,) = item.triples
         assert item.pretext == ""
+        templates = GENERIC_TEMPLATES + QUESTIONS_BY_PID[pids[t.relation]]
         assert item.sentence in {q.format(relation=t.relation, subject=t.subject) + " It is or they are " + t.object
-                                 for q in QUESTION_TEMPLATES}
+                                 for q in templates}
     assert question_form_items(doc, 5) == items and question_form_items(doc, 0) == []
     assert len(question_form_items(doc, 1)) == 1
+    drawn = {i.sentence for seed in range(20) for i in question_form_items(doc, 5, seed)}
+    assert "Who performed Alla Mia Età? It is or they are Tiziano Ferro" in drawn
+    assert "What is the performer of Alla Mia Età? It is or they are Tiziano Ferro" in drawn
+
+
+def test_relation_questions_cover_docred_relations():
+    """A natural question for each of DocRED's 96 relations, each asking about {subject} only."""
+    assert len(QUESTIONS_BY_PID) == 96 and all(p.startswith("P") for p in QUESTIONS_BY_PID)
+    for questions in QUESTIONS_BY_PID.values():
+        for q in questions:
+            assert q.endswith("?") and q.format(subject="X") != q and "{relation}" not in q
+    if DEFAULT_REL_INFO.is_file():
+        assert set(QUESTIONS_BY_PID) == set(load_relation_labels())
 
 
 def test_build_adds_question_form_write_examples(tmp_path):
@@ -122,6 +139,40 @@ def test_build_adds_question_form_write_examples(tmp_path):
     prompt = extra["segments"][0]["text"]
     assert prompt.startswith("({USER_ST})") and prompt.endswith(" It is or they are " + triple[2] + "({USER_END})")
     assert extra["segments"][1] == {"text": "({MEM_WRITE-->" + ">>".join(triple) + "})", "loss": True}
+
+
+def test_question_form_read_records(doc):
+    """A triple asked as a question, its subject and relation read, the document's objects as the result (no loss)
+    and the object as the answer, then EOS."""
+    recs = question_form_records(doc, 5)
+    performer = next(r for r in recs if r["target"] == "Tiziano Ferro")
+    question = performer["segments"][0]["text"]
+    assert question in {q.format(relation="performer", subject="Alla Mia Età")
+                        for q in GENERIC_TEMPLATES + QUESTIONS_BY_PID["P175"]}
+    assert [(s["text"], s["loss"]) for s in performer["segments"]] == [
+        (question, False), ("({MEM_READ(Alla Mia Età>>performer>>)-->", True), ("Tiziano Ferro})", False),
+        (" Tiziano Ferro", True)]
+    assert performer["eos"] and performer["question_form"] and performer["results"] == ["Tiziano Ferro"]
+    assert len(recs) == 2 and question_form_records(doc, 0) == [] and question_form_records(doc, 5) == recs
+
+
+def _extra_read_records(tmp_path, flag: str, count_field: str, **build_kwargs) -> list[dict]:
+    """The read records marked `flag` that `build_all(**build_kwargs)` adds to the golden document's; checks that
+    it adds exactly one and counts it in `Stats.<count_field>`."""
+    from data_gen import build
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps([RAW]))
+    plain = build.build_all(str(path), str(tmp_path / "plain"), LABELS, kinds={"read"})
+    more = build.build_all(str(path), str(tmp_path / "more"), LABELS, kinds={"read"}, **build_kwargs)
+    assert (more.read_examples, getattr(more, count_field)) == (plain.read_examples + 1, 1)
+    recs = [json.loads(line) for line in (tmp_path / "more" / "read.jsonl").read_text().splitlines()]
+    return [r for r in recs if r.get(flag)]
+
+
+def test_build_adds_question_form_read_examples(tmp_path):
+    (extra,) = _extra_read_records(tmp_path, "question_form", "question_form_reads", read_question_form=1)
+    assert extra["segments"][1]["text"].startswith("({MEM_READ(") and extra["eos"]
 
 
 def test_context_free_read_records(doc):
@@ -140,15 +191,8 @@ def test_context_free_read_records(doc):
 
 
 def test_build_adds_context_free_read_examples(tmp_path):
-    from data_gen import build
-
-    path = tmp_path / "c.json"
-    path.write_text(json.dumps([RAW]))
-    plain = build.build_all(str(path), str(tmp_path / "plain"), LABELS, kinds={"read"})
-    more = build.build_all(str(path), str(tmp_path / "more"), LABELS, kinds={"read"}, read_context_free=1)
-    assert (more.read_examples, more.context_free_reads) == (plain.read_examples + 1, 1)
-    recs = [json.loads(line) for line in (tmp_path / "more" / "read.jsonl").read_text().splitlines()]
-    assert [r["sent_id"] for r in recs if r.get("context_free")] == [2]
+    extra = _extra_read_records(tmp_path, "context_free", "context_free_reads", read_context_free=1)
+    assert [r["sent_id"] for r in extra] == [2]
 
 
 def test_read_examples_golden(doc):

@@ -14,9 +14,11 @@ embedded default's pipeline held 18.5 GB of a 24 GB host after its two training 
 released 16.4 GB (2.1 GB live).
 
 The kept heap also holds on to fragments: a job whose steps change shape (length buckets, evaluation batches)
-can grow it well past one step's need. `MEMLLM_DEFAULT_MALLOC=1` in the environment leaves malloc as it is
-(slower steps, a peak of one step's buffers): seen needed for the SmolLM2 memory-read adapter at 8 x 512 tokens
-with buckets (256, 512), killed by the kernel at 24 GB after 13 steps on a 24 GB host.
+can grow it well past one step's need: the SmolLM2 memory-read adapter at 8 x 512 tokens with buckets (256, 512)
+was killed by the kernel at 24 GB after 13 steps on a 24 GB host. The training loop therefore calls
+`release_if_memory_low` after every step: when the host's available memory falls below a quarter of its total,
+the kept free pages are given back (the next step faults its buffers in once, as without the setting).
+`MEMLLM_DEFAULT_MALLOC=1` in the environment leaves malloc as it is (slower steps, a peak of one step's buffers).
 """
 
 from __future__ import annotations
@@ -77,3 +79,20 @@ def release_freed_memory() -> bool:
         return False
     malloc_trim.argtypes, malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
     return malloc_trim(0) == 1
+
+
+def available_memory_fraction(meminfo: str = "/proc/meminfo") -> float | None:
+    """MemAvailable / MemTotal of the host, None where /proc/meminfo is missing or lacks them."""
+    try:
+        with open(meminfo) as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields["MemAvailable"].split()[0]) / int(fields["MemTotal"].split()[0])
+    except (OSError, KeyError, ValueError, ZeroDivisionError):
+        return None
+
+
+def release_if_memory_low(min_available: float = 0.25, meminfo: str = "/proc/meminfo") -> bool:
+    """`release_freed_memory` when the host's available memory is below `min_available` of its total (the kept
+    heap's free pages count as used); True when it released any. Cheap enough to call after every step."""
+    available = available_memory_fraction(meminfo)
+    return available is not None and available < min_available and release_freed_memory()

@@ -28,6 +28,7 @@ from memllm_jax.train import data as D
 from memllm_jax.train import step as S
 from memllm_jax.train.checkpoint import Checkpointer
 from memllm_jax.train.config import TrainConfig, validate
+from memllm_jax.train.host_memory import release_if_memory_low
 from memllm_jax.train.metrics import MetricsLogger
 from memllm_jax.train.optimizer import make_optimizer, schedule
 
@@ -307,6 +308,7 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
                     + ". Try a lower TrainConfig.lr, more warmup_steps, or clip_norm."
                 )
             last_metrics = m
+            release_if_memory_low()  # the kept heap's fragments (train.host_memory) must not exhaust the host
             logger.count_tokens(int(local["attn_mask"].sum()) * pcount)
             logger.step(done, m, write=done % cfg.log_every == 0 or done == total)
             if cfg.eval_every and done % cfg.eval_every == 0 and done != total:
