@@ -241,3 +241,24 @@ def test_mw_learning_curve_writes_with_each_export(tmp_path):
     expect = write_agreement(mem.records(), [t for d in docs for t in gold_triples(d)])
     assert curve[0]["sentences"] == st.sentences > 0
     assert {k: curve[0][k] for k in expect if k in curve[0]} == {k: v for k, v in expect.items() if k in curve[0]}
+
+
+def test_eval_corpus_file_supplies_the_held_out_documents(tmp_path):
+    """`eval_corpus`: every document of `corpus` trains; the last `eval_docs` of the second file are evaluated and
+    the `outside_docs` before them are the outside ones (the paper's split with Re-DocRED's train and test files);
+    a second file with too few documents is a one-line error naming it."""
+    from data_gen.synthetic import iter_synthetic, synthetic_rel_info
+    from memllm_jax.errors import InputError
+
+    train_raw, held_raw = list(iter_synthetic(20, seed=1)), list(iter_synthetic(12, seed=2))
+    for name, content in (("train.json", train_raw), ("held.json", held_raw), ("labels.json", synthetic_rel_info())):
+        (tmp_path / name).write_text(json.dumps(content))
+    cfg = PipelineConfig(corpus=str(tmp_path / "train.json"), eval_corpus=str(tmp_path / "held.json"),
+                         labels=str(tmp_path / "labels.json"), eval_docs=4, outside_docs=3)
+    out = tmp_path / "run"
+    Pipeline(cfg, out, lambda _m: None).run(("corpus",))
+    split = {k: json.loads((out / "data" / f"{k}.json").read_text()) for k in ("train", "outside", "eval")}
+    assert split == {"train": train_raw, "outside": held_raw[-7:-4], "eval": held_raw[-4:]}
+    assert len((out / "data" / "eval" / "eval.jsonl").read_text().splitlines()) == 4
+    with pytest.raises(InputError, match=r"held.json: 12 documents, fewer than eval_docs \+ outside_docs = 13"):
+        Pipeline(dataclasses.replace(cfg, eval_docs=10), tmp_path / "few", lambda _m: None).run(("corpus",))

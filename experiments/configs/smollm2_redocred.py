@@ -25,7 +25,11 @@ Not in the paper's training data: two question-form memory-write examples per tr
 are ", the form of ZsRE's edits). Without them the 40-step adapter wrote the edit's answer as an object for 39 of
 198 edits; with them the memory held the answer for 77 (sequential) / 96 (single) edits and Table 3 went to REL /
 GEN 0.25 / 0.24 sequential, 0.30 / 0.30 single (LOC 1.00), while the Re-DocRED memory-write precision / recall
-went from 0.23 / 0.05 to 0.19 / 0.05 (measured idle on 2026-11-24; README, "Fourth run").
+went from 0.23 / 0.05 to 0.19 / 0.05 (measured idle on 2026-11-24; README, "Fourth run"). Those questions spelled
+the relation label out; they are now drawn from natural questions per relation as well ("Where was X born?",
+`data_gen.relation_questions`), and two question-form memory-read examples per training document
+(`read_question_form`: the question, the read of its subject and relation, the answer) teach the read adapter the
+query a question asks for (README, "Fifth run").
 
 `keep_freed_memory=False`: with freed memory kept, the memory-read adapter's 8 x 512 steps in two length buckets
 fragmented the heap to 24 GB and the kernel killed the run after 13 steps."""
