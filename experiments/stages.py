@@ -157,7 +157,8 @@ def _min_confidence(self) -> float | None:
 
 def _write_budget(self, min_confidence: float | None) -> dict:
     relations = set(_labels(self).values()) if self.cfg.write_grounded else None
-    return dict(late_stopping=self.cfg.write_late_stopping, max_new_tokens=self.cfg.write_max_new_tokens,
+    return dict(late_stopping=self.cfg.write_late_stopping, stop_repeats=self.cfg.write_stop_repeats,
+                max_new_tokens=self.cfg.write_max_new_tokens,
                 batch_size=self.cfg.write_batch, grounded=self.cfg.write_grounded, relations=relations,
                 min_confidence=min_confidence)
 
@@ -167,7 +168,7 @@ def _edit_checks(self) -> dict:
     when `editing_write_checks`."""
     budget = _write_budget(self, _min_confidence(self))
     checks = ("grounded", "relations", "min_confidence") if self.cfg.editing_write_checks else ()
-    return {k: budget[k] for k in ("late_stopping",) + checks}
+    return {k: budget[k] for k in ("late_stopping", "stop_repeats") + checks}
 
 
 def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None):
@@ -182,6 +183,7 @@ def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None
     st = write_corpus(mw, self.tokenizer(), mem, eval_docs, on_batch=on_batch, **_write_budget(self, min_confidence))
     gold = [t for d in eval_docs for t in gold_triples(d)]
     info = {"sentences": st.sentences, "triples": st.triples, "malformed": st.malformed, "no_cut": st.no_cut,
+            "repeats": st.repeats, "tokens": st.tokens,
             **{k: v for k, v in mem.stats().items() if isinstance(v, (int, float))},
             **write_agreement(mem.records(), gold)}
     # what the model wrote before each check, for comparison

@@ -6,7 +6,7 @@ import pytest
 
 from memllm_jax import protocol
 from memllm_jax.decode.scripted import CharTokenizer, PolicyModel, TableModel
-from memllm_jax.decode.writer import decode_writes, item_confidences, write_corpus
+from memllm_jax.decode.writer import decode_writes, item_confidences, repeat_length, write_corpus
 
 TOK = CharTokenizer()
 CLOSE = TOK.marker_id[protocol.CALL_END]
@@ -129,6 +129,32 @@ def test_call_cut_by_the_budget_writes_its_closed_items_only():
     # 12 tokens: `a>>r>>b;c>>r` - the unfinished `c>>r` is dropped, not written as a triple
     assert stats.no_cut == 1 and stats.malformed == 0
     assert mem.added == [([protocol.Triple("a", "r", "b")], "d1/0")]
+
+
+def test_repeat_length_finds_the_shortest_span_repeated_at_the_end():
+    six = [1, 2, 3, 4, 5, 6]
+    rows = [six * 2, six * 2, [9] + [1, 2, 3, 4, 5, 6, 7] * 2, six * 4, [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3]]
+    out = np.zeros((len(rows), 32), np.int32)
+    for b, r in enumerate(rows):
+        out[b, :len(r)] = r
+    n = np.array([12, 11, 15, 24, 12], np.int32)
+    # a 6-token span twice; one token short of it; 7 tokens after another; the shortest of 6 / 12; 3-token spans
+    assert repeat_length(out, n, 6, 64).tolist() == [6, 0, 7, 6, 6]
+    assert repeat_length(out, n, 7, 64).tolist() == [0, 0, 7, 12, 0]
+
+
+def test_a_looping_call_stops_once_it_has_repeated_itself():
+    """`a>>r>>b;c>>r>>d;` (16 tokens) over and over: with `stop_repeats` the row stops after two copies (32 tokens)
+    instead of at the budget, and writes the same triples."""
+    runs = {}
+    for stop in (False, True):
+        mem = RecordingMemory()
+        model = PolicyModel(endless_policy, TOK.vocab_size)
+        stats = write_corpus(model, TOK, mem, [("d1", ["A sentence."])], batch_size=1, max_new_tokens=90,
+                             make_cache=model.make_cache, late_stopping=False, stop_repeats=stop)
+        runs[stop] = stats.tokens, stats.repeats, {t for triples, _ in mem.added for t in triples}
+    assert runs[False][:2] == (90, 0) and runs[True][:2] == (32, 1)
+    assert runs[True][2] == runs[False][2] == {protocol.Triple("a", "r", "b"), protocol.Triple("c", "r", "d")}
 
 
 def test_marker_strings_in_documents_never_form_markers():

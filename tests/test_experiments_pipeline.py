@@ -19,6 +19,9 @@ def test_stage_keys_cover_earlier_settings():
     longer = PipelineConfig(editing_max_new_tokens=96)  # the answer budget reruns the editing stage only
     assert stage_key(a, "editing") != stage_key(longer, "editing")
     assert stage_key(a, "table2") == stage_key(longer, "table2")
+    repeats = PipelineConfig(write_stop_repeats=True)  # how the memory is written: the memory and the edits
+    assert stage_key(a, "memory") != stage_key(repeats, "memory") and stage_key(a, "editing") != stage_key(repeats, "editing")
+    assert stage_key(a, "mr") == stage_key(repeats, "mr")
 
 
 def test_corpus_and_tokenizer_stages_run_and_resume(tmp_path):

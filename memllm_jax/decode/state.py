@@ -31,8 +31,11 @@ HOST_FEED = 8
 """In-loop reads only: a call was served inside the loop, but the tokens to feed next (an answer, or the text
 re-fed after removing a call) do not fit the forced-token queue; the host prefills them at the loop exit."""
 
+REPEAT = 9
+"""Memory writes: the row's last tokens repeat the ones right before them (the call loops on its items)."""
+
 STATUS_NAMES = {RUNNING: "running", EOS: "eos", READ_PAUSE: "read", OPEN_PAUSE: "open", BUDGET: "budget",
-                FULL: "cache_full", STOPPED: "late_stop", IDLE: "idle", HOST_FEED: "host_feed"}
+                FULL: "cache_full", STOPPED: "late_stop", IDLE: "idle", HOST_FEED: "host_feed", REPEAT: "repeat"}
 
 
 @struct.dataclass

@@ -7,6 +7,13 @@ as a cut point with score = average log-probability of the body so far plus that
 second-best token is taken instead. Decoding stops once K consecutive cut points fail to beat the best
 score (or at EOS, the token budget, a full cache); the call is cut at the best point. A row that never
 reaches a cut point writes nothing.
+
+Repeats (`stop_repeats`, optional): an undertrained model often loops, writing the same items again until the
+token budget ends the call. A row whose last L tokens (REPEAT_TOKENS[0] <= L <= REPEAT_TOKENS[1]) equal the L
+tokens before them stops there. Its body keeps both copies: the span need not start at an item boundary, and
+the parser drops an unfinished last item while the memory keeps a triple once, so the items written are those of
+the same call run to the budget, unless the model would have left the loop later. A batch no longer runs to the
+budget for one looping row.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ from memllm_jax.decode.prefix import prefill_shared
 
 PATIENCE = 5
 """K in Appendix A."""
+REPEAT_TOKENS = (6, 64)
+"""The shortest and longest repeated span that stops a row (`WriteSpec.stop_repeats`): six tokens are fewer than
+any item `s>>r>>o;` of a real relation label, so a shorter repeat is a name's own ("Walla Walla"), not a loop."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +48,21 @@ class WriteSpec:
     patience: int = PATIENCE
     late_stopping: bool = True
     """False: plain greedy decoding that ends at the first `})`."""
+    stop_repeats: bool = False
+    """Stop a row whose last tokens repeat the ones before them (module docstring)."""
+
+
+def repeat_length(out_BxT: jax.Array, n_B: jax.Array, shortest: int, longest: int) -> jax.Array:
+    """Per row, the smallest L in [shortest, longest] such that the last L of its `n_B` tokens equal the L tokens
+    before them; 0 when there is none. int32 [B]."""
+    B, T = out_BxT.shape
+    L_R = jnp.arange(shortest, longest + 1)
+    j_J = jnp.arange(longest)
+    last_BxRxJ = n_B[:, None, None] - L_R[None, :, None] + j_J[None, None, :]  # the last L tokens, position j
+    take = lambda at: jnp.take_along_axis(out_BxT, jnp.clip(at, 0, T - 1).reshape(B, -1), 1).reshape(at.shape)  # noqa: E731
+    equal_BxRxJ = (take(last_BxRxJ) == take(last_BxRxJ - L_R[None, :, None])) | (j_J[None, None, :] >= L_R[None, :, None])
+    repeats_BxR = jnp.all(equal_BxRxJ, axis=-1) & (2 * L_R[None, :] <= n_B[:, None])
+    return jnp.min(jnp.where(repeats_BxR, L_R[None, :], longest + 1), axis=-1) % (longest + 1)
 
 
 def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
@@ -61,14 +86,18 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
     at_B = jnp.where(feed_B, s.n_out_B, T)
     logp_tok_B = jnp.take_along_axis(logp_BxV, tok_B[:, None], 1)[:, 0]
     n_B = s.n_out_B + feed_B.astype(jnp.int32)
+    out_BxT = s.out_BxT.at[jnp.arange(B), at_B].set(tok_B, mode="drop")
     status_B = jnp.where(stop_B, st.STOPPED, s.status_B)
     status_B = jnp.where(feed_B & (n_B >= spec.max_new_tokens), st.BUDGET, status_B)
     status_B = jnp.where(feed_B & (cache.lengths_B >= spec.max_len), st.FULL, status_B)
+    if spec.stop_repeats:
+        repeat_B = feed_B & (repeat_length(out_BxT, n_B, *REPEAT_TOKENS) > 0)
+        status_B = jnp.where(repeat_B, st.REPEAT, status_B)
     status_B = jnp.where(feed_B & (tok_B == spec.eos_id), st.EOS, status_B)
     return s.replace(
         cache=cache,
         logits_BxV=jnp.where(feed_B[:, None], logits_Bx1xV[:, 0], s.logits_BxV),
-        out_BxT=s.out_BxT.at[jnp.arange(B), at_B].set(tok_B, mode="drop"),
+        out_BxT=out_BxT,
         logp_BxT=s.logp_BxT.at[jnp.arange(B), at_B].set(logp_tok_B, mode="drop"),
         n_out_B=n_B,
         status_B=status_B,
@@ -104,12 +133,14 @@ def _start_and_loop(graphdef, params, cache, logits_BxV, n_active, spec: WriteSp
 
 def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int = 128,
                   late_stopping: bool = True, patience: int = PATIENCE, make_cache=None,
-                  pad_to: int | None = None, share_prefixes: bool = True, split=None) -> list[dict]:
+                  pad_to: int | None = None, share_prefixes: bool = True, split=None,
+                  stop_repeats: bool = False) -> list[dict]:
     """Decode the write call after each prompt (which ends with `({MEM_WRITE-->`). Returns per prompt the
     body tokens up to the chosen cut (`ids`), the call text, the cut points and the stop reason.
 
     `share_prefixes`: prompts sharing a token prefix (one document's pretext) prefill it once
-    (`prefix.prefill_shared`). `split`: `split_model(model)` when the caller already has it."""
+    (`prefix.prefill_shared`). `split`: `split_model(model)` when the caller already has it. `stop_repeats`: a row
+    whose call loops stops once it has repeated itself (module docstring; stop reason "repeat")."""
     B = len(prompt_ids)
     if B == 0:
         return []
@@ -125,7 +156,8 @@ def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_
         cache, logits = prefill(graphdef, params, make_cache(Bp, max_len), jnp.zeros((Bp, V)),
                                 [r if b < B else [] for b, r in enumerate(rows)])
     spec = WriteSpec(max_new_tokens=max_new_tokens, close_id=tokenizer.marker_id[protocol.CALL_END],
-                     eos_id=tokenizer.eos_id, max_len=max_len, patience=patience, late_stopping=late_stopping)
+                     eos_id=tokenizer.eos_id, max_len=max_len, patience=patience, late_stopping=late_stopping,
+                     stop_repeats=stop_repeats)
     s = _start_and_loop(graphdef, params, cache, logits, jnp.int32(B), spec)
     out, logp, n, cut, score, n_cuts, status = map(host, (s.out_BxT, s.logp_BxT, s.n_out_B, s.best_cut_B,
                                                            s.best_score_B, s.n_cuts_B, s.status_B))
@@ -229,6 +261,8 @@ class WriteStats:
     by `;` are written)."""
     tokens: int = 0
     """Tokens generated, including those after the chosen cut."""
+    repeats: int = 0
+    """Sentences whose call looped and was stopped once it repeated itself (`stop_repeats`)."""
     ungrounded: list[protocol.Triple] = dataclasses.field(default_factory=list)
     """Parsed triples dropped by the grounding check (`write_corpus(grounded=True)`), not written."""
     unconfident: list[protocol.Triple] = dataclasses.field(default_factory=list)
@@ -294,7 +328,8 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
                  max_new_tokens: int = 128, pretext_sentences: int = 10, max_prompt_tokens: int = 384,
                  late_stopping: bool = True, patience: int = PATIENCE, make_cache=None,
                  on_batch=None, share_prefixes: bool = True, grounded: bool = False,
-                 relations: Collection[str] | None = None, min_confidence: float | None = None) -> WriteStats:
+                 relations: Collection[str] | None = None, min_confidence: float | None = None,
+                 stop_repeats: bool = False) -> WriteStats:
     """Extract triples from every sentence of `documents` and add them to `memory`.
 
     Batches mix sentences of consecutive documents; the prompts of one document share their pretext, which
@@ -306,6 +341,7 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
     among `relations` if given); the others are counted in `WriteStats.ungrounded`, not written.
     `min_confidence`: keep only the triples whose weakest token the model chose with at least this
     log-probability (`item_confidences`); the others are counted in `WriteStats.unconfident`.
+    `stop_repeats`: a call that loops stops once repeated (`decode_writes`), counted in `WriteStats.repeats`.
     """
     stats = WriteStats()
     split = split_model(model)
@@ -317,13 +353,15 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
             batch, pending[:] = pending[:batch_size], pending[batch_size:]
             outs = decode_writes(model, tokenizer, [p for _, _, p, _ in batch], max_new_tokens=max_new_tokens,
                                  late_stopping=late_stopping, patience=patience, make_cache=make_cache,
-                                 pad_to=batch_size, share_prefixes=share_prefixes, split=split)
+                                 pad_to=batch_size, share_prefixes=share_prefixes, split=split,
+                                 stop_repeats=stop_repeats)
             finished = []
             for (doc_id, source, _, text), out in zip(batch, outs):
                 stats.sentences += 1
                 stats.tokens += out["n_generated"]
                 parsed = protocol.parse_write_call(out["text"])  # an unclosed call keeps its items closed by `;`
                 stats.no_cut += out["cut"] < 0
+                stats.repeats += out["stop"] == "repeat"
                 stats.malformed += sum(not e.startswith(protocol.TRUNCATION_NOTES) for e in parsed.errors)
                 checked = check_written(list(parsed.items), out, tokenizer, text if grounded else None, relations,
                                         min_confidence)
