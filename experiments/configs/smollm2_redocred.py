@@ -31,6 +31,9 @@ the relation label out; they are now drawn from natural questions per relation a
 (`read_question_form`: the question, the read of its subject and relation, the answer) teach the read adapter the
 query a question asks for (README, "Fifth run").
 
+`write_min_confidence="development"`: as in the default, the memory keeps the triples written with at least the
+confidence that gave the best F1 on the outside documents (written first, scored, then kept at that threshold).
+
 `write_stop_repeats=True`: the 40-step memory-write adapter often loops on its items until the 192-token budget;
 a call stops once it has repeated itself (the same triples; a batch of 32 sentences no longer runs to the budget for
 one looping call).
@@ -58,7 +61,8 @@ def get_config() -> PipelineConfig:
                           rows=("baseline1", "baseline2", "row1", "row2", "row3", "row4", "row5", "row6", "row7",
                                 "row8", "row9"),
                           parallel_adapters=False, write_late_stopping=False, write_max_new_tokens=192,
-                          write_batch=32, write_grounded=True, write_stop_repeats=True, editing_memory="editing_exact")
+                          write_batch=32, write_grounded=True, write_stop_repeats=True,
+                          write_min_confidence="development", editing_memory="editing_exact")
 
 
 def sweep(add) -> None:
