@@ -118,3 +118,10 @@ def test_interleaved_rotates_the_order_of_contenders():
     t = interleaved({k: (lambda k=k: calls.append(k)) for k in "ABC"}, repeats=4, warmup=1)
     assert calls == list("ABC" + "ABC" + "BCA" + "CAB" + "ABC")
     assert all(len(t[k].seconds) == 4 for k in "ABC")
+
+
+def test_samples_line_lists_each_contenders_times_in_order():
+    from memllm_jax.bench.timing import Timing, samples_line
+
+    line = samples_line({"ours": Timing("ours", [2.7, 1.9]), "peer": Timing("peer", [3.0, 3.01])})
+    assert line == "ours: 2700 1900; peer: 3000 3010"

@@ -55,6 +55,12 @@ def ratio_row(ours: Timing, peer: Timing) -> str:
     )
 
 
+def samples_line(timings: dict[str, Timing]) -> str:
+    """Every contender's times in milliseconds, in the order they ran: a spread shows here as outliers, or as two
+    modes."""
+    return "; ".join(f"{t.name}: " + " ".join(f"{s * 1e3:.0f}" for s in t.seconds) for t in timings.values())
+
+
 def markdown_table(header: list[str], rows: list[list[object]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]

@@ -19,7 +19,7 @@ import os
 import numpy as np
 
 from memllm_jax.bench import ceiling, roofline
-from memllm_jax.bench.timing import interleaved, markdown_table, ratio_row
+from memllm_jax.bench.timing import interleaved, markdown_table, ratio_row, samples_line
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -177,6 +177,7 @@ def main(args: argparse.Namespace) -> int:
     print("host memory: " + ("freed memory kept for reuse (train.host_memory.keep_freed_memory, as in `memllm train`; "
                              "for every contender of this process)" if kept else "glibc malloc defaults"))
     print(markdown_table(["contender", "ms/step", "tokens/s", "GFLOP/s", "of matmul ceiling"], rows))
+    print(f"steps (ms, in the order run): {samples_line(t)}")
     if "hf+peft" in t:
         print(f"memllm_jax vs HF+PEFT tokens/s: {ratio_row(t['memllm_jax'], t['hf+peft'])}  (goal >= 1.5x)")
     if args.full_head:
