@@ -308,7 +308,8 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
                     + ". Try a lower TrainConfig.lr, more warmup_steps, or clip_norm."
                 )
             last_metrics = m
-            release_if_memory_low()  # the kept heap's fragments (train.host_memory) must not exhaust the host
+            if release_if_memory_low():  # the kept heap's fragments (train.host_memory) must not exhaust the host
+                logger.write(f"step {done}: host memory low, freed memory kept for reuse given back (malloc_trim)")
             logger.count_tokens(int(local["attn_mask"].sum()) * pcount)
             logger.step(done, m, write=done % cfg.log_every == 0 or done == total)
             if cfg.eval_every and done % cfg.eval_every == 0 and done != total:
