@@ -151,7 +151,11 @@ DEVELOPMENT = "development"
 def _min_confidence(self) -> float | None:
     """The memory stage's confidence threshold: the setting, or the one it chose on the development documents."""
     if self.cfg.write_min_confidence == DEVELOPMENT:
-        return json.loads((self.out / "results" / "memory.json").read_text())["min_confidence"]
+        chosen = self.out / "results" / "memory.json"
+        if not chosen.exists():
+            raise InputError(f"{chosen}: not found; write_min_confidence='development' is chosen by the memory stage: "
+                             "run it first (memllm run --stage memory)")
+        return json.loads(chosen.read_text())["min_confidence"]
     return self.cfg.write_min_confidence
 
 

@@ -265,3 +265,17 @@ def test_eval_corpus_file_supplies_the_held_out_documents(tmp_path):
     assert len((out / "data" / "eval" / "eval.jsonl").read_text().splitlines()) == 4
     with pytest.raises(InputError, match=r"held.json: 12 documents, fewer than eval_docs \+ outside_docs = 13"):
         Pipeline(dataclasses.replace(cfg, eval_docs=10), tmp_path / "few", lambda _m: None).run(("corpus",))
+
+
+def test_a_development_threshold_before_the_memory_stage_is_a_clear_error(tmp_path):
+    """The editing stage writes its edits at the memory stage's chosen threshold: run alone first, it names the
+    missing file and the stage to run."""
+    from experiments.stages import _min_confidence
+    from memllm_jax.errors import InputError
+
+    pipe = Pipeline(PipelineConfig(write_min_confidence="development"), tmp_path, lambda _m: None)
+    with pytest.raises(InputError, match=r"memory.json: not found.*run it first"):
+        _min_confidence(pipe)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "memory.json").write_text(json.dumps({"min_confidence": -0.7}))
+    assert _min_confidence(pipe) == -0.7
