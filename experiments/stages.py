@@ -202,8 +202,9 @@ def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None
 
 def _choose_min_confidence(self, mw, outside, on_batch) -> tuple[float, dict, list]:
     """Write the outside documents keeping every grounded triple with its confidence, and choose the threshold
-    with the highest F1 against their gold triples: `(threshold, report, [scored writes of the quarter, of the
-    rest])`, the scored writes to fill rows ② / ① at that threshold without decoding again."""
+    with the highest F1 against their gold triples among `write_confidence_grid` and None (keep every triple, so
+    the choice is never worse on them than no threshold): `(threshold, report, [scored writes of the quarter, of
+    the rest])`, the scored writes to fill rows ② / ① at that threshold without decoding again."""
     from data_gen.gold_memory import gold_triples
     from memllm_jax.decode.writer import write_corpus
     from memllm_jax.eval.write_quality import choose_min_confidence
@@ -220,10 +221,10 @@ def _choose_min_confidence(self, mw, outside, on_batch) -> tuple[float, dict, li
         scored.append(st.scored)
     gold = [t for d in outside for t in gold_triples(d)]
     threshold, rows = choose_min_confidence([(t, c) for part in scored for _, t, c in part], gold,
-                                            self.cfg.write_confidence_grid)
+                                            tuple(self.cfg.write_confidence_grid) + (None,))
     for r in rows:
-        self.say(f"  development, confidence >= {r['min_confidence']}: precision {r['precision']:.3f} "
-                 f"recall {r['recall']:.3f} f1 {r['f1']:.3f}")
+        self.say(f"  development, confidence >= {r['min_confidence'] if r['min_confidence'] is not None else 'any'}: "
+                 f"precision {r['precision']:.3f} recall {r['recall']:.3f} f1 {r['f1']:.3f}")
     self.say(f"  confidence threshold chosen on the {len(outside)} outside documents: {threshold}")
     return threshold, {"documents": len(outside), "rule": "highest F1", "candidates": rows}, scored
 

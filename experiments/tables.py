@@ -103,8 +103,9 @@ def diagnostics_markdown(corpus: Mapping | None, diagnostics: Mapping | None) ->
         if chosen:
             rows = chosen["candidates"]
             lines += [f"**Confidence threshold** chosen on the {chosen['documents']} outside documents (development "
-                      f"set; {chosen['rule']}): **{chosen['min_confidence']}**", "",
-                      "| confidence >= | " + " | ".join(str(r["min_confidence"]) for r in rows) + " |",
+                      f"set; {chosen['rule']}): **{'any' if chosen['min_confidence'] is None else chosen['min_confidence']}**", "",
+                      "| confidence >= | " + " | ".join("any" if r["min_confidence"] is None else str(r["min_confidence"])
+                                                       for r in rows) + " |",
                       "|---|" + "---|" * len(rows)]
             lines += [f"| {label} | " + " | ".join(f"{r[key]:.3f}" for r in rows) + " |"
                       for key, label in (("precision", "precision"), ("recall", "recall"), ("f1", "F1"))]

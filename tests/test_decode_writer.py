@@ -266,6 +266,11 @@ def test_the_development_threshold_is_the_one_with_the_highest_f1():
     assert [round(r["f1"], 3) for r in rows] == [0.8, 0.5, 0.667, 0.0]
     assert [r["written_unique"] for r in rows] == [3, 2, 1, 0]
     assert choose_min_confidence(scored, gold, (-1.0, -0.9))[0] == -0.9  # the same three triples
+    # None keeps every triple: chosen only when no threshold does better
+    threshold, rows = choose_min_confidence(scored, gold, (-0.1, -0.3, None))
+    assert threshold is None and [(r["min_confidence"], round(r["f1"], 3)) for r in rows] == [
+        (None, 0.8), (-0.3, 0.667), (-0.1, 0.0)]
+    assert choose_min_confidence(scored, gold, (-0.6, -1.0, None))[0] == -1.0  # equal F1: the higher threshold
 
 
 def test_edits_are_written_with_the_memory_stages_checks():

@@ -393,13 +393,13 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
     return stats
 
 
-def write_scored(memory, scored: Sequence[tuple[str, protocol.Triple, float]], min_confidence: float) -> int:
-    """Add the triples of `WriteStats.scored` written with at least `min_confidence` to `memory`, one sentence
-    at a time as `write_corpus` does: the memory a write at that threshold would have given, without decoding
-    again. Returns the triples added."""
+def write_scored(memory, scored: Sequence[tuple[str, protocol.Triple, float]], min_confidence: float | None) -> int:
+    """Add the triples of `WriteStats.scored` written with at least `min_confidence` (None: all) to `memory`, one
+    sentence at a time as `write_corpus` does: the memory a write at that threshold would have given, without
+    decoding again. Returns the triples added."""
     added = 0
     for source, group in itertools.groupby(scored, key=lambda item: item[0]):
-        kept = [t for _, t, c in group if c >= min_confidence]
+        kept = [t for _, t, c in group if min_confidence is None or c >= min_confidence]
         if kept:
             added += _add_untrusted(memory, kept, source)
     return added

@@ -31,17 +31,19 @@ def write_agreement(written: Iterable[dict | protocol.Triple], gold: Iterable[pr
 
 
 def choose_min_confidence(scored: Iterable[tuple[protocol.Triple, float]], gold: Iterable[protocol.Triple],
-                          candidates: Iterable[float]) -> tuple[float, list[dict]]:
+                          candidates: Iterable[float | None]) -> tuple[float | None, list[dict]]:
     """The confidence threshold with the highest F1 against `gold` (ties: the higher threshold, i.e. the more
     precise memory), and the precision / recall / F1 of every candidate.
 
     `scored`: the (triple, confidence) pairs a memory-write model wrote on development documents whose gold
     triples are `gold` (`decode.writer.WriteStats.scored`); a triple counts as written at threshold t when one
-    of its writes has confidence >= t, as the memory keeps a triple once."""
+    of its writes has confidence >= t, as the memory keeps a triple once. A candidate None keeps every triple (the
+    lowest threshold)."""
     scored, gold = list(scored), list(gold)
-    rows = [{"min_confidence": t, **write_agreement([x for x, c in scored if c >= t], gold)}
-            for t in sorted(set(candidates))]
+    floor = lambda t: -float("inf") if t is None else t  # noqa: E731
+    rows = [{"min_confidence": t, **write_agreement([x for x, c in scored if c >= floor(t)], gold)}
+            for t in sorted(set(candidates), key=floor)]
     if not rows:
         raise ValueError("choose_min_confidence needs at least one candidate threshold")
-    best = max(rows, key=lambda r: (r["f1"], r["min_confidence"]))
+    best = max(rows, key=lambda r: (r["f1"], floor(r["min_confidence"])))
     return best["min_confidence"], rows
