@@ -36,10 +36,6 @@ confidence that gave the best F1 on the outside documents (written first, scored
 every triple when none does better. The grid reaches lower than the default's: the 40-step adapter is less sure of
 its tokens (at the default's lowest threshold, -1.0, it kept a twentieth of what it wrote).
 
-`write_stop_repeats=True`: the 40-step memory-write adapter often loops on its items until the 192-token budget;
-a call stops once it has repeated itself (the same triples; a batch of 32 sentences no longer runs to the budget for
-one looping call).
-
 `keep_freed_memory=False`: with freed memory kept, the memory-read adapter's 8 x 512 steps in two length buckets
 fragmented the heap to 24 GB and the kernel killed the run after 13 steps."""
 
@@ -63,7 +59,7 @@ def get_config() -> PipelineConfig:
                           rows=("baseline1", "baseline2", "row1", "row2", "row3", "row4", "row5", "row6", "row7",
                                 "row8", "row9"),
                           parallel_adapters=False, write_late_stopping=False, write_max_new_tokens=192,
-                          write_batch=32, write_grounded=True, write_stop_repeats=True,
+                          write_batch=32, write_grounded=True,
                           write_min_confidence="development", write_confidence_grid=(-3.0, -2.5, -2.0, -1.5, -1.0, -0.7, -0.5),
                           editing_memory="editing_exact")
 
