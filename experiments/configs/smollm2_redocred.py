@@ -36,8 +36,11 @@ confidence that gave the best F1 on the outside documents (written first, scored
 every triple when none does better. The grid reaches lower than the default's: the 40-step adapter is less sure of
 its tokens (at the default's lowest threshold, -1.0, it kept a twentieth of what it wrote).
 
-`keep_freed_memory=False`: with freed memory kept, the memory-read adapter's 8 x 512 steps in two length buckets
-fragmented the heap to 24 GB and the kernel killed the run after 13 steps."""
+Freed memory is kept for reuse (`keep_freed_memory`, the default): 12.3-12.7 s per 8 x 512 step against 17-20 s
+without (2026-11-24, each adapter trained in its own process, peak 16.5-16.7 GB). An earlier run with it was killed
+at 24 GB after 13 memory-read steps (the kept heap's fragments); the training loop now gives the kept pages back
+when the host's available memory falls below a quarter (`train.host_memory.release_if_memory_low`). A full run with
+both adapters in one process has not been timed since; `MEMLLM_DEFAULT_MALLOC=1` leaves malloc alone."""
 
 import pathlib
 
@@ -50,7 +53,6 @@ def get_config() -> PipelineConfig:
     return PipelineConfig(name="smollm2_redocred", corpus=str(SHARED / "redocred" / "test_revised.json"),
                           labels=str(SHARED / "docred" / "rel_info.json"), eval_docs=50, outside_docs=50,
                           write_context_free=1, read_context_free=1, write_question_form=2, read_question_form=2,
-                          keep_freed_memory=False,
                           base_model="smollm2-135m", mw_config="mw_smollm2", mr_config="mr_smollm2",
                           train_overrides=("mw.seq_len=512", "mr.seq_len=512", "mw.buckets=(256, 512)",
                                            "mr.buckets=(256, 512)", "mw.steps=40", "mr.steps=90"),
