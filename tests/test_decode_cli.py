@@ -175,8 +175,9 @@ def test_memory_stage_reports_precision_before_the_confidence_check(monkeypatch)
 
 def test_memory_stage_chooses_the_confidence_threshold_on_the_outside_documents(monkeypatch, tmp_path):
     """`write_min_confidence="development"`: the outside documents are written once with every checked triple's
-    confidence; of the candidates, -0.1 keeps only the gold `a>>r>>b` (F1 1.0) and -0.5 also `c>>r>>d` (F1
-    0.67), so -0.1 is chosen, the evaluation write uses it, and rows ② / ① get the outside writes at -0.1."""
+    confidence; of the candidates, -0.1 keeps only the gold `a>>r>>b` (F1 1.0), -0.5 also `c>>r>>d` (F1 0.67) and
+    "any" (None, every triple) the same two, so -0.1 is chosen, the evaluation write uses it, and rows ② / ① get
+    the outside writes at -0.1."""
     import json
     import types
 
@@ -202,7 +203,8 @@ def test_memory_stage_chooses_the_confidence_threshold_on_the_outside_documents(
                                  out=tmp_path, say=said.append)
     info = stages.stage_memory(pipe)
     assert info["min_confidence"] == -0.1 == stages._min_confidence(pipe)
-    assert [(r["min_confidence"], r["f1"]) for r in info["development"]["candidates"]] == [(-0.5, 2 / 3), (-0.1, 1.0)]
+    assert [(r["min_confidence"], r["f1"]) for r in info["development"]["candidates"]] == [
+        (None, 2 / 3), (-0.5, 2 / 3), (-0.1, 1.0)]
     assert info["mw_eval"]["precision"] == 1.0 and info["mw_eval"]["unconfident"] == 1
     for name in ("mw_eval", "mw_outside_small", "mw_outside_large"):
         records = TripleMemory.open(tmp_path / "memory" / name, HashEncoder(16)).records()
