@@ -207,7 +207,7 @@ def _choose_min_confidence(self, mw, outside, on_batch) -> tuple[float, dict, li
     the rest])`, the scored writes to fill rows ② / ① at that threshold without decoding again."""
     from data_gen.gold_memory import gold_triples
     from memllm_jax.decode.writer import write_corpus
-    from memllm_jax.eval.write_quality import choose_min_confidence
+    from memllm_jax.eval.write_quality import choose_min_confidence, threshold_label
     from memllm_jax.memory import TripleMemory
 
     if not outside:
@@ -223,8 +223,8 @@ def _choose_min_confidence(self, mw, outside, on_batch) -> tuple[float, dict, li
     threshold, rows = choose_min_confidence([(t, c) for part in scored for _, t, c in part], gold,
                                             tuple(self.cfg.write_confidence_grid) + (None,))
     for r in rows:
-        self.say(f"  development, confidence >= {r['min_confidence'] if r['min_confidence'] is not None else 'any'}: "
-                 f"precision {r['precision']:.3f} recall {r['recall']:.3f} f1 {r['f1']:.3f}")
+        self.say(f"  development, confidence >= {threshold_label(r['min_confidence'])}: precision {r['precision']:.3f} "
+                 f"recall {r['recall']:.3f} f1 {r['f1']:.3f}")
     self.say(f"  confidence threshold chosen on the {len(outside)} outside documents: {threshold}")
     return threshold, {"documents": len(outside), "rule": "highest F1", "candidates": rows}, scored
 

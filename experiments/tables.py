@@ -9,6 +9,7 @@ import pathlib
 from typing import Mapping, Sequence
 
 from memllm_jax.eval.rows import PAPER_TABLE2, PAPER_TABLE3, ROWS
+from memllm_jax.eval.write_quality import threshold_label
 
 
 def _f(x) -> str:
@@ -103,9 +104,8 @@ def diagnostics_markdown(corpus: Mapping | None, diagnostics: Mapping | None) ->
         if chosen:
             rows = chosen["candidates"]
             lines += [f"**Confidence threshold** chosen on the {chosen['documents']} outside documents (development "
-                      f"set; {chosen['rule']}): **{'any' if chosen['min_confidence'] is None else chosen['min_confidence']}**", "",
-                      "| confidence >= | " + " | ".join("any" if r["min_confidence"] is None else str(r["min_confidence"])
-                                                       for r in rows) + " |",
+                      f"set; {chosen['rule']}): **{threshold_label(chosen['min_confidence'])}**", "",
+                      "| confidence >= | " + " | ".join(threshold_label(r["min_confidence"]) for r in rows) + " |",
                       "|---|" + "---|" * len(rows)]
             lines += [f"| {label} | " + " | ".join(f"{r[key]:.3f}" for r in rows) + " |"
                       for key, label in (("precision", "precision"), ("recall", "recall"), ("f1", "F1"))]

@@ -30,6 +30,11 @@ def write_agreement(written: Iterable[dict | protocol.Triple], gold: Iterable[pr
             "precision": precision, "recall": recall, "f1": f1}
 
 
+def threshold_label(min_confidence: float | None) -> str:
+    """A confidence threshold as printed in reports: "any" for None (every triple kept)."""
+    return "any" if min_confidence is None else str(min_confidence)
+
+
 def choose_min_confidence(scored: Iterable[tuple[protocol.Triple, float]], gold: Iterable[protocol.Triple],
                           candidates: Iterable[float | None]) -> tuple[float | None, list[dict]]:
     """The confidence threshold with the highest F1 against `gold` (ties: the higher threshold, i.e. the more
