@@ -29,6 +29,18 @@ def test_scoring_rule():
     assert (res.edits_in_memory, res.rel_in_memory, res.gen_in_memory) == (1, 0.0, 1.0)
 
 
+def test_overwritten_later_counts_earlier_answers_of_a_subject():
+    """An edit is overwritten when a later record about the same subject sets another answer; the same answer
+    again (after normalisation), the last edit of a subject and records without a subject are not."""
+    recs = [EditRecord("q", "r", "Rome", "l", subject="Ann"), EditRecord("q", "r", "Oslo", "l", subject="Ann"),
+            EditRecord("q", "r", "the oslo", "l", subject="Ann"), EditRecord("q", "r", "Paris", "l", subject="Bob"),
+            EditRecord("q", "r", "Acme", "l"), EditRecord("q", "r", "Kerek", "l")]
+    assert editing.overwritten_later(recs) == [True, False, False, False, False, False]
+    res = _score(recs, [""] * 6, [""] * 6, [""] * 6, [""] * 6, [[]] * 6, "sequential", [False] * 6)
+    assert res.overwritten_later == 1
+    assert _score(recs, [""] * 6, [""] * 6, [""] * 6, [""] * 6, [[]] * 6, "single", [False] * 6).overwritten_later == 0
+
+
 def test_edits_in_memory_follow_replacement():
     """An edit counts as held only while a triple it wrote with the new object is stored: a later edit's triple
     with the same subject and relation replaces it, and an edit that wrote another object never counts."""
@@ -64,6 +76,8 @@ def test_prompt_has_one_full_read_shot_and_a_forced_read():
 def test_load_zsre(shared_data):
     recs = load_zsre(shared_data / "zsre" / "zsre_dev200.json", limit=5)
     assert len(recs) == 5 and all(r.loc.endswith("?") and not r.loc.startswith("nq question") for r in recs)
+    recs = load_zsre(shared_data / "zsre" / "zsre_dev200.json")  # the same facts asked again with other answers
+    assert (len(recs), len({r.subject for r in recs}), sum(editing.overwritten_later(recs))) == (198, 102, 71)
 
 
 def test_load_zsre_bad_record(tmp_path):

@@ -87,7 +87,11 @@ def test_tables_and_plot(tmp_path):
     md3 = table3_markdown({"sequential": {"n_edits": 24, "rel": 0.5, "gen": 0.25, "loc": 1.0, "avg": 0.5833,
                                           "edits_in_memory": 20, "rel_in_memory": 0.6, "gen_in_memory": 0.3}})
     assert "| MemLLM (ours, sequential) | 24 | 0.50 | 0.25 | 1.00 | 0.58 | 20 of 24 (0.60 / 0.30) |" in md3
-    assert "WISE (paper" in md3
+    assert "WISE (paper" in md3 and "later edit" not in md3
+    md3 = table3_markdown({"sequential": {"n_edits": 24, "rel": 0.5, "gen": 0.25, "loc": 1.0, "avg": 0.5833,
+                                          "overwritten_later": 6}})
+    assert "6 of 24 sequential edits are about a subject that a later edit gives another answer" in md3
+    assert "(REL at most 0.75)" in md3
     pts = [{"distractors": 0, "triples": 10, "ppl": {"overall": 3.0, "target": 2.0, "entity": 2.5}, "target_in_results": 4}]
     growth = [{"added": 10, "triples": 10, "entities": 12, "relations": 3, "records_per_triple": 1.5}]
     assert "1.500" in scaling_markdown(pts, growth)
