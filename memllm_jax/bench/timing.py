@@ -30,10 +30,13 @@ class Timing:
         return (q[2] - q[0]) / (2 * self.median)
 
 
-def interleaved(contenders: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1) -> dict[str, Timing]:
+def interleaved(contenders: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 1,
+                self_timed: bool = False) -> dict[str, Timing]:
     """Run each contender `warmup` times, then `repeats` rounds of A B C, B C A, C A B, ...; each call must block
     until done. The rotation makes each contender follow each other one equally often, so what a contender
-    leaves behind (freed memory, cold caches) does not always land on the same next one."""
+    leaves behind (freed memory, cold caches) does not always land on the same next one. With `self_timed`
+    each call returns the seconds it measured itself (`bench.workers`: in its worker process, without the
+    pipe's latency) instead of being timed here."""
     for fn in contenders.values():
         for _ in range(warmup):
             fn()
@@ -42,8 +45,8 @@ def interleaved(contenders: dict[str, Callable[[], object]], repeats: int = 7, w
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
             start = time.perf_counter()
-            contenders[name]()
-            timings[name].seconds.append(time.perf_counter() - start)
+            seconds = contenders[name]()
+            timings[name].seconds.append(seconds if self_timed else time.perf_counter() - start)
     return timings
 
 

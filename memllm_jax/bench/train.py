@@ -2,6 +2,8 @@
 HF transformers + PEFT (torch, eager attention) doing the same step - same model config, LoRA targets and
 rank, batch, sequence length, AdamW with clipping - timed interleaved in one run (A B A B ...), and next to
 this machine's measured matmul ceiling (`bench.ceiling`: best of sizes, jax and torch, the step's dtypes).
+Each contender runs in its own worker process (`bench.workers`; `--same-process`: all in this one), so what one
+keeps in its process (malloc heap, torch's allocator and threads) is not there when the other runs.
 
 FLOPs counted per step (frozen base, so no weight gradients for it): forward 2*N*T, input gradients 2*N*T,
 attention scores and values 2*2*B*L^2*(heads*head_dim) per layer forward and twice that backward, and
@@ -20,6 +22,13 @@ import numpy as np
 
 from memllm_jax.bench import ceiling, roofline
 from memllm_jax.bench.timing import interleaved, markdown_table, ratio_row, samples_line
+from memllm_jax.bench.workers import Spec, interleaved_in_workers
+from memllm_jax.train.host_memory import keep_freed_memory
+
+OMP_PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""`--omp-passive`: torch's OpenMP threads sleep at once when they wait instead of spinning first. Not the
+default: an idle worker does not spin either way (measured: no CPU time in the 0.5 s after a step), and it
+changes the peer's own step time (much faster under CPU load; not yet measured on an idle host)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-malloc", action="store_true",
                         help="leave glibc malloc as it is, as a process that does not call "
                              "train.host_memory.keep_freed_memory (as `memllm train` does) runs")
+    parser.add_argument("--omp-passive", action="store_true",
+                        help="set OMP_WAIT_POLICY=PASSIVE for torch (hf+peft): its OpenMP threads sleep instead of "
+                             "spinning while they wait (under CPU load, with --allow-load, the default spinning "
+                             "slowed the torch step several-fold)")
+    parser.add_argument("--same-process", action="store_true",
+                        help="run every contender in this one process (the old way) instead of each in its own")
 
 
 def step_flops(cfg, lora_rank: int, targets: tuple[str, ...], B: int, L: int, head_tokens: int | None = None) -> float:
@@ -94,8 +109,10 @@ def ours(cfg, lora_cfg, tcfg, batch, sparse_head: bool = True):
     return run
 
 
-def hf_peft(cfg, lora_cfg, tcfg, batch):
+def hf_peft(cfg, lora_cfg, tcfg, batch, threads: int = 0):
     import torch
+
+    torch.set_num_threads(threads or os.cpu_count() or 1)
     from peft import LoraConfig as PeftLora, get_peft_model
     from transformers import MistralConfig, MistralForCausalLM
 
@@ -135,9 +152,11 @@ def hf_peft(cfg, lora_cfg, tcfg, batch):
 
 
 def main(args: argparse.Namespace) -> int:
-    from memllm_jax.train.host_memory import keep_freed_memory
-
-    kept = False if args.default_malloc else keep_freed_memory()  # first: before JAX and torch allocate
+    # In one process the malloc setting comes first, before JAX and torch allocate; workers apply their own.
+    kept = args.same_process and not args.default_malloc and keep_freed_memory()
+    torch_env = OMP_PASSIVE if args.omp_passive else {}
+    if args.same_process:
+        os.environ.update(torch_env)  # before torch loads OpenMP
     import torch
 
     from memllm_jax.config import PRESETS, LoraConfig
@@ -151,19 +170,27 @@ def main(args: argparse.Namespace) -> int:
                           trainable_tokens=tuple(range(cfg.vocab_size - args.trainable_tokens, cfg.vocab_size)))
     tcfg = TrainConfig(train_data=("-",), tokenizer="-", lr=1e-4, weight_decay=0.0, clip_norm=1.0)
     batch = _batch(cfg, args.batch, args.seq_len)
-    contenders = {"memllm_jax": ours(cfg, lora_cfg, tcfg, batch)}
+    jax_setup = None if args.default_malloc else keep_freed_memory
+    specs = {"memllm_jax": Spec(ours, (cfg, lora_cfg, tcfg, batch), setup=jax_setup)}
     if args.full_head:
-        contenders["memllm_jax (full head)"] = ours(cfg, lora_cfg, tcfg, batch, sparse_head=False)
+        specs["memllm_jax (full head)"] = Spec(ours, (cfg, lora_cfg, tcfg, batch), {"sparse_head": False},
+                                               setup=jax_setup)
     if not args.no_peer:
-        contenders["hf+peft"] = hf_peft(cfg, lora_cfg, tcfg, batch)
+        specs["hf+peft"] = Spec(hf_peft, (cfg, lora_cfg, tcfg, batch, args.threads), env=torch_env)
+    # The ceiling first, here, while no contender exists yet (none runs concurrently with it).
     ceil = ceiling.measure(sorted({cfg.param_dtype, cfg.compute_dtype}), [int(s) for s in args.matmul_sizes.split(",")])
-    t = interleaved(contenders, repeats=args.repeats, warmup=1)
+    if args.same_process:  # the specs' env and setup apply in workers only
+        t = interleaved({name: spec.build() for name, spec in specs.items()}, repeats=args.repeats, warmup=1)
+    else:
+        setup_results: dict[str, object] = {}
+        t = interleaved_in_workers(specs, repeats=args.repeats, warmup=1, setup_results=setup_results)
+        kept = bool(setup_results["memllm_jax"])
 
     T = args.batch * args.seq_len
     flops = step_flops(cfg, args.rank, lora_cfg.targets, args.batch, args.seq_len, int(batch["loss_mask"].sum()))
     best = ceil.best
     rows = []
-    for name in contenders:
+    for name in specs:
         sec = t[name].median
         rows.append([name, f"{sec * 1e3:.1f} ±{t[name].spread:.0%}", f"{T / sec:,.0f}", f"{flops / sec / 1e9:.1f}",
                      f"{flops / sec / best.flops:.0%}"])
@@ -173,9 +200,16 @@ def main(args: argparse.Namespace) -> int:
           f"{cfg.vocab_size}), LoRA r={args.rank} on {','.join(lora_cfg.targets)}, dropout {args.dropout}, "
           f"{args.trainable_tokens} trainable embedding rows, "
           f"batch {args.batch} x {args.seq_len} tokens (loss on the second half of each row), {cfg.compute_dtype}, "
-          f"{flops / 1e9:.1f} GFLOP/step; median of {args.repeats}")
-    print("host memory: " + ("freed memory kept for reuse (train.host_memory.keep_freed_memory, as in `memllm train`; "
-                             "for every contender of this process)" if kept else "glibc malloc defaults"))
+          f"{flops / 1e9:.1f} GFLOP/step; median of {args.repeats}; "
+          + ("all contenders in one process (--same-process)" if args.same_process
+             else "each contender in its own process"))
+    where = ("for every contender of this process" if args.same_process else
+             "in memllm_jax's workers" + ("" if args.no_peer else ", glibc malloc defaults in hf+peft's"))
+    print("host memory: " + (f"freed memory kept for reuse (train.host_memory.keep_freed_memory, as in `memllm "
+                             f"train`; {where})" if kept else "glibc malloc defaults"))
+    if not args.no_peer:
+        print(f"hf+peft: {args.threads or os.cpu_count()} torch threads, OpenMP wait policy "
+              f"{'PASSIVE' if args.omp_passive else 'default'}")
     print(markdown_table(["contender", "ms/step", "tokens/s", "GFLOP/s", "of matmul ceiling"], rows))
     print(f"steps (ms, in the order run): {samples_line(t)}")
     if "hf+peft" in t:
