@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="set OMP_WAIT_POLICY=PASSIVE for torch (hf+peft): its OpenMP threads sleep instead of "
                              "spinning while they wait (under CPU load, with --allow-load, the default spinning "
                              "slowed the torch step several-fold)")
+    parser.add_argument("--peer-keeps-freed-memory", action="store_true",
+                        help="give HF + PEFT's worker the same malloc setting as ours "
+                             "(train.host_memory.keep_freed_memory); by default it runs with glibc's defaults")
     parser.add_argument("--same-process", action="store_true",
                         help="run every contender in this one process (the old way) instead of each in its own")
 
@@ -176,7 +179,8 @@ def main(args: argparse.Namespace) -> int:
         specs["memllm_jax (full head)"] = Spec(ours, (cfg, lora_cfg, tcfg, batch), {"sparse_head": False},
                                                setup=jax_setup)
     if not args.no_peer:
-        specs["hf+peft"] = Spec(hf_peft, (cfg, lora_cfg, tcfg, batch, args.threads), env=torch_env)
+        specs["hf+peft"] = Spec(hf_peft, (cfg, lora_cfg, tcfg, batch, args.threads), env=torch_env,
+                                setup=keep_freed_memory if args.peer_keeps_freed_memory else None)
     # The ceiling first, here, while no contender exists yet (none runs concurrently with it).
     ceil = ceiling.measure(sorted({cfg.param_dtype, cfg.compute_dtype}), [int(s) for s in args.matmul_sizes.split(",")])
     if args.same_process:  # the specs' env and setup apply in workers only
@@ -204,7 +208,8 @@ def main(args: argparse.Namespace) -> int:
           + ("all contenders in one process (--same-process)" if args.same_process
              else "each contender in its own process"))
     where = ("for every contender of this process" if args.same_process else
-             "in memllm_jax's workers" + ("" if args.no_peer else ", glibc malloc defaults in hf+peft's"))
+             "in memllm_jax's workers" + ("" if args.no_peer else " and in hf+peft's" if args.peer_keeps_freed_memory
+                                          else ", glibc malloc defaults in hf+peft's"))
     print("host memory: " + (f"freed memory kept for reuse (train.host_memory.keep_freed_memory, as in `memllm "
                              f"train`; {where})" if kept else "glibc malloc defaults"))
     if not args.no_peer:
