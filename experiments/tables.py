@@ -46,10 +46,9 @@ def table3_markdown(results: Mapping[str, Mapping], title: str = "Table 3 analog
                 if "edits_in_memory" in r else "–")
         lines.append(f"| MemLLM (ours, {regime}) | {t} | {r['rel']:.2f} | {r['gen']:.2f} | {r['loc']:.2f} | {r['avg']:.2f} "
                      f"| {held} |")
-    over = {regime: r.get("overwritten_later", 0) for regime, r in results.items()}
-    notes = [f"{n} of {results[regime]['n_edits']} {regime} edits are about a subject that a later edit gives another "
-             f"answer: written with one relation per subject, the later edit replaces theirs (REL at most "
-             f"{1 - n / results[regime]['n_edits']:.2f})." for regime, n in over.items() if n]
+    notes = [f"{n} of {r['n_edits']} {regime} edits are about a subject that a later edit gives another answer: "
+             f"written with one relation per subject, the later edit replaces theirs (REL at most "
+             f"{1 - n / r['n_edits']:.2f})." for regime, r in results.items() if (n := r.get("overwritten_later", 0))]
     for name, (rel, gen, loc, avg) in PAPER_TABLE3.items():
         lines.append(f"| {name} (paper, Mistral-7B) | 1000 | {rel:.2f} | {gen:.2f} | {loc:.2f} | {avg:.2f} | – |")
     return "\n".join(lines + ([""] + notes if notes else []))

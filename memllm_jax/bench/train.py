@@ -28,7 +28,7 @@ from memllm_jax.train.host_memory import keep_freed_memory
 OMP_PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
 """`--omp-passive`: torch's OpenMP threads sleep at once when they wait instead of spinning first. Not the
 default: an idle worker does not spin either way (measured: no CPU time in the 0.5 s after a step), and it
-changes the peer's own step time (much faster under CPU load; not yet measured on an idle host)."""
+changes the peer's own step time (much faster under CPU load, a little slower on an idle host: docs/train.md)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
