@@ -93,6 +93,9 @@ class PipelineConfig:
     write_stop_repeats: bool = False
     """Memory writes stop a call once its last tokens repeat the ones before them (`decode.writer`, "Repeats"):
     the same triples, but a batch no longer runs to the token budget for one looping call."""
+    write_ban_repeats: int = 0
+    """> 0: a memory-write call never writes an item twice; when the model would, the call rewinds to that item's
+    start and takes its next choice there instead, at most this many times per call (`decode.item_bans`)."""
     write_max_new_tokens: int = 128
     """Token budget of one memory-write call; a call cut by it keeps its items closed by `;`. Re-DocRED sentences
     need more (31% of their gold calls are longer than 128 SmolLM2 tokens, 17% longer than 192)."""
@@ -179,7 +182,8 @@ _DEPENDS = {
     "pretrain": ("pretrain_config",),
     "mw": ("mw_config",),
     "mr": ("mr_config",),
-    "memory": ("encoder", "write_late_stopping", "write_stop_repeats", "write_max_new_tokens", "write_batch",
+    "memory": ("encoder", "write_late_stopping", "write_stop_repeats", "write_ban_repeats", "write_max_new_tokens",
+               "write_batch",
                "write_grounded", "write_min_confidence", "write_confidence_grid"),
     "diagnostics": ("diagnostic_examples",),
     "table2": ("rows", "read_threshold", "eval_batch"),

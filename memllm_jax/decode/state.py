@@ -135,3 +135,5 @@ class WriteState:
     """int32 cut points recorded."""
     no_improve_B: jax.Array
     """int32 consecutive cut points that did not beat the best."""
+    bans: Any = None
+    """`item_bans.ItemBans` when the call may not repeat an item, else None."""

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from memllm_jax import protocol
-from memllm_jax.decode import state as st
+from memllm_jax.decode import item_bans, state as st
 from memllm_jax.decode.loop import _layered, _stacked, cache_factory, host, merge, prefill, split_model, vocab_size
 from memllm_jax.decode.prefix import prefill_shared
 
@@ -50,6 +50,8 @@ class WriteSpec:
     """False: plain greedy decoding that ends at the first `})`."""
     stop_repeats: bool = False
     """Stop a row whose last tokens repeat the ones before them (module docstring)."""
+    bans: item_bans.BanSpec | None = None
+    """Never write an item twice in one call (`item_bans`)."""
 
 
 def repeat_length(out_BxT: jax.Array, n_B: jax.Array, shortest: int, longest: int) -> jax.Array:
@@ -66,13 +68,17 @@ def repeat_length(out_BxT: jax.Array, n_B: jax.Array, shortest: int, longest: in
 
 
 def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
-    B = s.status_B.shape[0]
+    B, T = s.out_BxT.shape
     running_B = s.status_B == st.RUNNING
-    logp_BxV = jax.nn.log_softmax(s.logits_BxV, axis=-1)
+    logits_BxV = s.logits_BxV
+    if spec.bans is not None:
+        prefix_hash_B = item_bans.span_hash(s.out_BxT, s.bans.item_start_B, s.n_out_B)
+        logits_BxV = item_bans.mask_banned(logits_BxV, s.bans, prefix_hash_B)
+    logp_BxV = jax.nn.log_softmax(logits_BxV, axis=-1)
     # Top-2 by two argmaxes: lax.top_k lowers to a full sort of every row on CPU (~1 ms per step at B=16).
-    first_B = jnp.argmax(s.logits_BxV, axis=-1).astype(jnp.int32)
-    hit_BxV = jnp.arange(s.logits_BxV.shape[1])[None, :] == first_B[:, None]
-    second_B = jnp.argmax(jnp.where(hit_BxV, -jnp.inf, s.logits_BxV), axis=-1).astype(jnp.int32)
+    first_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+    hit_BxV = jnp.arange(logits_BxV.shape[1])[None, :] == first_B[:, None]
+    second_B = jnp.argmax(jnp.where(hit_BxV, -jnp.inf, logits_BxV), axis=-1).astype(jnp.int32)
     is_cut_B = running_B & (first_B == spec.close_id)
     cut_score_B = (s.sum_logp_B + logp_BxV[:, spec.close_id]) / (s.n_out_B + 1).astype(jnp.float32)
     improve_B = is_cut_B & (cut_score_B > s.best_score_B)
@@ -81,31 +87,45 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
     feed_B = running_B & ~stop_B
     tok_B = jnp.where(is_cut_B, second_B, first_B)
     tok_B = jnp.where(feed_B, tok_B, 0)
-    logits_Bx1xV, cache = model(tok_B[:, None], s.cache.lengths_B[:, None], feed_B[:, None], cache=s.cache)
-    T = s.out_BxT.shape[1]
-    at_B = jnp.where(feed_B, s.n_out_B, T)
+    keep_B, n_B, cache, bans = feed_B, s.n_out_B + feed_B.astype(jnp.int32), s.cache, s.bans
+    model_tok_B, model_feed_B, repeat_B = tok_B, feed_B, jnp.zeros(B, bool)
+    if spec.bans is not None:
+        ban = item_bans.on_token(s.bans, spec.bans, s.out_BxT, s.n_out_B, prefix_hash_B, tok_B, feed_B)
+        keep_B = feed_B & ~ban.rewind_B & ~ban.stop_B
+        n_B = jnp.where(keep_B, n_B, ban.n_B)
+        model_tok_B = jnp.where(ban.rewind_B, ban.feed_tok_B, tok_B)
+        model_feed_B = feed_B & ~ban.stop_B
+        cache = cache.replace(lengths_B=jnp.where(ban.rewind_B, ban.feed_len_B, cache.lengths_B))
+        bans, repeat_B = ban.bans, ban.stop_B
+    logits_Bx1xV, cache = model(model_tok_B[:, None], cache.lengths_B[:, None], model_feed_B[:, None], cache=cache)
+    at_B = jnp.where(keep_B, s.n_out_B, T)
     logp_tok_B = jnp.take_along_axis(logp_BxV, tok_B[:, None], 1)[:, 0]
-    n_B = s.n_out_B + feed_B.astype(jnp.int32)
+    dropped_B = jnp.sum(jnp.where((jnp.arange(T)[None, :] >= n_B[:, None])
+                                  & (jnp.arange(T)[None, :] < s.n_out_B[:, None]), s.logp_BxT, 0.0), axis=1)
     out_BxT = s.out_BxT.at[jnp.arange(B), at_B].set(tok_B, mode="drop")
     status_B = jnp.where(stop_B, st.STOPPED, s.status_B)
-    status_B = jnp.where(feed_B & (n_B >= spec.max_new_tokens), st.BUDGET, status_B)
-    status_B = jnp.where(feed_B & (cache.lengths_B >= spec.max_len), st.FULL, status_B)
+    status_B = jnp.where(keep_B & (n_B >= spec.max_new_tokens), st.BUDGET, status_B)
+    status_B = jnp.where(model_feed_B & (cache.lengths_B >= spec.max_len), st.FULL, status_B)
     if spec.stop_repeats:
-        repeat_B = feed_B & (repeat_length(out_BxT, n_B, *REPEAT_TOKENS) > 0)
-        status_B = jnp.where(repeat_B, st.REPEAT, status_B)
-    status_B = jnp.where(feed_B & (tok_B == spec.eos_id), st.EOS, status_B)
+        repeat_B |= keep_B & (repeat_length(out_BxT, n_B, *REPEAT_TOKENS) > 0)
+    status_B = jnp.where(repeat_B, st.REPEAT, status_B)
+    status_B = jnp.where(keep_B & (tok_B == spec.eos_id), st.EOS, status_B)
+    best_score_B = jnp.where(improve_B, cut_score_B, s.best_score_B)
+    best_cut_B = jnp.where(improve_B, s.n_out_B, s.best_cut_B)
+    lost_B = best_cut_B > n_B  # a cut point inside the tokens a rewind took back
     return s.replace(
         cache=cache,
-        logits_BxV=jnp.where(feed_B[:, None], logits_Bx1xV[:, 0], s.logits_BxV),
+        logits_BxV=jnp.where(model_feed_B[:, None], logits_Bx1xV[:, 0], s.logits_BxV),
         out_BxT=out_BxT,
         logp_BxT=s.logp_BxT.at[jnp.arange(B), at_B].set(logp_tok_B, mode="drop"),
         n_out_B=n_B,
         status_B=status_B,
-        sum_logp_B=s.sum_logp_B + jnp.where(feed_B, logp_tok_B, 0.0),
-        best_score_B=jnp.where(improve_B, cut_score_B, s.best_score_B),
-        best_cut_B=jnp.where(improve_B, s.n_out_B, s.best_cut_B),
+        sum_logp_B=s.sum_logp_B + jnp.where(keep_B, logp_tok_B, 0.0) - dropped_B,
+        best_score_B=jnp.where(lost_B, -jnp.inf, best_score_B),
+        best_cut_B=jnp.where(lost_B, -1, best_cut_B),
         n_cuts_B=s.n_cuts_B + is_cut_B.astype(jnp.int32),
         no_improve_B=no_improve_B,
+        bans=bans,
     )
 
 
@@ -127,14 +147,15 @@ def _start_and_loop(graphdef, params, cache, logits_BxV, n_active, spec: WriteSp
         logp_BxT=jnp.zeros((B, spec.max_new_tokens)),
         n_out_B=jnp.zeros(B, jnp.int32), status_B=jnp.where(jnp.arange(B) < n_active, st.RUNNING, st.IDLE),
         sum_logp_B=jnp.zeros(B), best_score_B=jnp.full(B, -jnp.inf), best_cut_B=jnp.full(B, -1, jnp.int32),
-        n_cuts_B=jnp.zeros(B, jnp.int32), no_improve_B=jnp.zeros(B, jnp.int32))
+        n_cuts_B=jnp.zeros(B, jnp.int32), no_improve_B=jnp.zeros(B, jnp.int32),
+        bans=None if spec.bans is None else item_bans.init_bans(cache.lengths_B, spec.bans.max_bans))
     return write_loop(graphdef, params, s, spec)
 
 
 def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int = 128,
                   late_stopping: bool = True, patience: int = PATIENCE, make_cache=None,
                   pad_to: int | None = None, share_prefixes: bool = True, split=None,
-                  stop_repeats: bool = False) -> list[dict]:
+                  stop_repeats: bool = False, bans: item_bans.BanSpec | None = None) -> list[dict]:
     """Decode the write call after each prompt (which ends with `({MEM_WRITE-->`). Returns per prompt the
     body tokens up to the chosen cut (`ids`), the call text, the cut points and the stop reason.
 
@@ -157,7 +178,7 @@ def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_
                                 [r if b < B else [] for b, r in enumerate(rows)])
     spec = WriteSpec(max_new_tokens=max_new_tokens, close_id=tokenizer.marker_id[protocol.CALL_END],
                      eos_id=tokenizer.eos_id, max_len=max_len, patience=patience, late_stopping=late_stopping,
-                     stop_repeats=stop_repeats)
+                     stop_repeats=stop_repeats, bans=bans)
     s = _start_and_loop(graphdef, params, cache, logits, jnp.int32(B), spec)
     out, logp, n, cut, score, n_cuts, status = map(host, (s.out_BxT, s.logp_BxT, s.n_out_B, s.best_cut_B,
                                                            s.best_score_B, s.n_cuts_B, s.status_B))
@@ -329,7 +350,7 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
                  late_stopping: bool = True, patience: int = PATIENCE, make_cache=None,
                  on_batch=None, share_prefixes: bool = True, grounded: bool = False,
                  relations: Collection[str] | None = None, min_confidence: float | None = None,
-                 stop_repeats: bool = False) -> WriteStats:
+                 stop_repeats: bool = False, ban_repeats: int = 0) -> WriteStats:
     """Extract triples from every sentence of `documents` and add them to `memory`.
 
     Batches mix sentences of consecutive documents; the prompts of one document share their pretext, which
@@ -342,8 +363,11 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
     `min_confidence`: keep only the triples whose weakest token the model chose with at least this
     log-probability (`item_confidences`); the others are counted in `WriteStats.unconfident`.
     `stop_repeats`: a call that loops stops once repeated (`decode_writes`), counted in `WriteStats.repeats`.
+    `ban_repeats` > 0: a call never writes an item twice; it takes its next choice instead, at most that many
+    times (`item_bans`; a row out of bans stops and is counted in `WriteStats.repeats`).
     """
     stats = WriteStats()
+    bans = item_bans.ban_spec(tokenizer, ban_repeats) if ban_repeats > 0 else None
     split = split_model(model)
     pending: list[tuple[str, str, list[int], tuple[str, str]]] = []  # doc id, provenance, prompt, (context, sentence)
     remaining: dict[str, int] = {}
@@ -354,7 +378,7 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
             outs = decode_writes(model, tokenizer, [p for _, _, p, _ in batch], max_new_tokens=max_new_tokens,
                                  late_stopping=late_stopping, patience=patience, make_cache=make_cache,
                                  pad_to=batch_size, share_prefixes=share_prefixes, split=split,
-                                 stop_repeats=stop_repeats)
+                                 stop_repeats=stop_repeats, bans=bans)
             finished = []
             for (doc_id, source, _, text), out in zip(batch, outs):
                 stats.sentences += 1
