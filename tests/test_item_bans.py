@@ -102,3 +102,40 @@ def test_span_hash_depends_on_the_tokens_and_their_order_only():
 def test_tokenizers_without_single_separator_tokens_are_refused():
     with pytest.raises(ValueError, match="'>>' to be one token"):
         ban_spec(CharTokenizer(), 8)
+
+
+def test_with_late_stopping_the_call_is_cut_at_its_best_point_after_the_rewinds():
+    """Late stopping records a cut point once both subjects are banned and takes the runner-up (a junk token);
+    the call is cut at the best point: the two items and the closing token."""
+    model = scripted("ac", "r", {"a": "b", "c": "d"})
+    out, = decode_writes(model, TOK, [PROMPT], max_new_tokens=60, late_stopping=True, make_cache=model.make_cache,
+                         share_prefixes=False, bans=ban_spec(TOK, 8))
+    assert out["text"] == "({MEM_WRITE-->a>>r>>b;c>>r>>d;})" and out["cut"] == len(TOK.encode("a>>r>>b;c>>r>>d;"))
+
+
+def test_a_rewound_real_kv_cache_gives_the_logits_of_the_shorter_context():
+    """What a rewind relies on in the real decoder: with the cache length set back to L - 1 and token L - 1 fed
+    again, the next-token logits equal those computed when the context first had L tokens (later slots are
+    stale and must be ignored)."""
+    import dataclasses
+
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from memllm_jax.config import TINY
+    from memllm_jax.model.mistral import Mistral, init_cache
+
+    cfg = dataclasses.replace(TINY, vocab_size=TOK.vocab_size)
+    model = Mistral(cfg, rngs=nnx.Rngs(0))
+    ids = TOK.encode("a>>r>>b;c>>r>>d;")
+    cache = init_cache(cfg, 1, 64)
+    logits_at = []
+    for t in ids:
+        logits, cache = model(jnp.array([[t]]), cache.lengths_B[:, None], jnp.ones((1, 1), bool), cache=cache)
+        logits_at.append(np.asarray(logits[0, 0]))
+    back = 8  # rewind to 8 tokens: feed token 7 again at slot 7
+    cache = cache.replace(lengths_B=jnp.array([back - 1], jnp.int32))
+    logits, cache = model(jnp.array([[ids[back - 1]]]), cache.lengths_B[:, None], jnp.ones((1, 1), bool), cache=cache)
+    assert int(cache.lengths_B[0]) == back
+    np.testing.assert_allclose(np.asarray(logits[0, 0]), logits_at[back - 1], atol=1e-5)
