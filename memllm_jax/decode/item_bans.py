@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from memllm_jax import protocol
+
 MAX_ITEMS = 64
 """Completed items remembered per row (a 192-token call holds at most ~32 items of a real relation label)."""
 _BASE = 1_000_003
@@ -152,8 +154,6 @@ def on_token(bans: ItemBans, spec: BanSpec, out_BxT: jax.Array, n_B: jax.Array, 
 def ban_spec(tokenizer, max_bans: int, field: int = 0) -> BanSpec:
     """The `BanSpec` for `tokenizer`, whose `;` and `>>` must each be one token (else items cannot be told
     apart token by token)."""
-    from memllm_jax import protocol
-
     ids = {sep: tokenizer.encode(sep) for sep in (protocol.ITEM_SEP, protocol.FIELD_SEP)}
     for sep, got in ids.items():
         if len(got) != 1:

@@ -88,7 +88,7 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
     tok_B = jnp.where(is_cut_B, second_B, first_B)
     tok_B = jnp.where(feed_B, tok_B, 0)
     keep_B, n_B, cache, bans = feed_B, s.n_out_B + feed_B.astype(jnp.int32), s.cache, s.bans
-    model_tok_B, model_feed_B, repeat_B = tok_B, feed_B, jnp.zeros(B, bool)
+    model_tok_B, model_feed_B, repeat_B, dropped_B = tok_B, feed_B, jnp.zeros(B, bool), 0.0
     if spec.bans is not None:
         ban = item_bans.on_token(s.bans, spec.bans, s.out_BxT, s.n_out_B, prefix_hash_B, tok_B, feed_B)
         keep_B = feed_B & ~ban.rewind_B & ~ban.stop_B
@@ -97,11 +97,11 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
         model_feed_B = feed_B & ~ban.stop_B
         cache = cache.replace(lengths_B=jnp.where(ban.rewind_B, ban.feed_len_B, cache.lengths_B))
         bans, repeat_B = ban.bans, ban.stop_B
+        taken_back_BxT = (jnp.arange(T)[None, :] >= n_B[:, None]) & (jnp.arange(T)[None, :] < s.n_out_B[:, None])
+        dropped_B = jnp.sum(jnp.where(taken_back_BxT, s.logp_BxT, 0.0), axis=1)  # log-probs of rewound tokens
     logits_Bx1xV, cache = model(model_tok_B[:, None], cache.lengths_B[:, None], model_feed_B[:, None], cache=cache)
     at_B = jnp.where(keep_B, s.n_out_B, T)
     logp_tok_B = jnp.take_along_axis(logp_BxV, tok_B[:, None], 1)[:, 0]
-    dropped_B = jnp.sum(jnp.where((jnp.arange(T)[None, :] >= n_B[:, None])
-                                  & (jnp.arange(T)[None, :] < s.n_out_B[:, None]), s.logp_BxT, 0.0), axis=1)
     out_BxT = s.out_BxT.at[jnp.arange(B), at_B].set(tok_B, mode="drop")
     status_B = jnp.where(stop_B, st.STOPPED, s.status_B)
     status_B = jnp.where(keep_B & (n_B >= spec.max_new_tokens), st.BUDGET, status_B)
