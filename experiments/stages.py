@@ -176,12 +176,13 @@ def _edit_checks(self) -> dict:
     return {k: budget[k] for k in ("late_stopping", "stop_repeats", "ban_repeats") + checks}
 
 
-def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None):
+def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None, log: pathlib.Path | None = None):
     """The memory-write model `mw` writes the evaluation documents into a new memory: `(memory, info)`, info with
-    the write statistics and the agreement with the documents' gold triples (precision / recall / F1)."""
+    the write statistics and the agreement with the documents' gold triples (precision / recall / F1). `log`: a
+    JSON-lines file of every triple written, its sentence, whether it is gold and what the checks made of it."""
     from data_gen.gold_memory import gold_triples
     from memllm_jax.decode.writer import write_corpus
-    from memllm_jax.eval.write_quality import write_agreement
+    from memllm_jax.eval.write_quality import triple_key, write_agreement
     from memllm_jax.memory import TripleMemory
 
     mem = TripleMemory(self.encoder())
@@ -198,6 +199,11 @@ def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None
     if min_confidence is not None:
         info["unconfident"] = len(st.unconfident)
         info["before_confidence"] = write_agreement(mem.records() + st.unconfident, gold)
+    if log is not None:
+        gold_keys = {triple_key(t) for t in gold}
+        _atomic_text(log, "".join(json.dumps({"source": source, "subject": t.subject, "relation": t.relation,
+                                              "object": t.object, "fate": fate, "gold": triple_key(t) in gold_keys})
+                                  + "\n" for source, t, fate in st.written))
     return mem, info
 
 
@@ -255,7 +261,8 @@ def stage_memory(self):
         info["min_confidence"], info["development"], scored = _choose_min_confidence(self, mw, outside, on_batch)
     else:
         info["min_confidence"] = self.cfg.write_min_confidence
-    mem, info["mw_eval"] = _write_eval(self, mw, eval_docs, info["min_confidence"], on_batch)
+    mem, info["mw_eval"] = _write_eval(self, mw, eval_docs, info["min_confidence"], on_batch,
+                                       log=self.out / "memory" / "mw_eval_writes.jsonl")
     mem.save(self.out / "memory" / "mw_eval")
     if outside:
         quarter = max(1, len(outside) // 4)

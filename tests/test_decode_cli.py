@@ -121,10 +121,11 @@ def test_chat_stores_statements_answers_questions_and_persists(tmp_path):
     assert [r["subject"] for r in reopened.records()] == ["Alice"] and len(saved) == 2
 
 
-def test_memory_stage_reports_precision_before_and_after_grounding(monkeypatch):
+def test_memory_stage_reports_precision_before_and_after_grounding(monkeypatch, tmp_path):
     """The pipeline's evaluation write (`experiments.stages._write_eval`) with `write_grounded`: the scripted
     `a>>r>>b` is kept for the sentence that names both, dropped for the one that names neither, and the report
-    scores both the kept memory and everything the model wrote against the gold triples."""
+    scores both the kept memory and everything the model wrote against the gold triples; the log lists each
+    written triple with its sentence, its fate and whether it is gold."""
     import types
 
     import data_gen.gold_memory
@@ -141,8 +142,12 @@ def test_memory_stage_reports_precision_before_and_after_grounding(monkeypatch):
     model = PolicyModel(write_policy, TOK.vocab_size)
     monkeypatch.setattr(stages, "_write_budget", lambda self, min_confidence, _orig=stages._write_budget: {
         **_orig(self, min_confidence), "make_cache": model.make_cache})
-    mem, info = stages._write_eval(pipe, model, [("x", ["a met b.", "Gamma."]), ("y", ["Nothing here."])], None)
+    log = tmp_path / "writes.jsonl"
+    mem, info = stages._write_eval(pipe, model, [("x", ["a met b.", "Gamma."]), ("y", ["Nothing here."])], None,
+                                   log=log)
     assert [r["source"] for r in mem.records()] == ["x/0"]
+    assert [(r["source"], r["subject"], r["fate"], r["gold"]) for r in map(json.loads, log.read_text().splitlines())] == [
+        ("x/0", "a", "kept", True), ("x/1", "a", "ungrounded", True), ("y/0", "a", "ungrounded", True)]
     assert info["ungrounded"] == 2 and info["correct"] == 1 and info["precision"] == 1.0 and info["recall"] == 0.5
     assert info["before_grounding"]["written_unique"] == 1  # the same triple, also written from "Gamma." and y/0
 
@@ -210,6 +215,8 @@ def test_memory_stage_chooses_the_confidence_threshold_on_the_outside_documents(
         records = TripleMemory.open(tmp_path / "memory" / name, HashEncoder(16)).records()
         assert {r["subject"] for r in records} == {"a"}
     assert json.loads((tmp_path / "results" / "memory.json").read_text())["min_confidence"] == -0.1
+    assert {json.loads(line)["fate"] for line in (tmp_path / "memory" / "mw_eval_writes.jsonl").open()} == {
+        "kept", "unconfident"}
     assert "  confidence threshold chosen on the 4 outside documents: -0.1" in said
 
 

@@ -191,6 +191,8 @@ def test_grounded_write_corpus_drops_names_not_in_the_text():
         assert [src for _, src in mem.added] == kept
         assert stats.ungrounded == [protocol.Triple("a", "r", "b")] * (4 - len(kept))
         assert stats.sentences == 4
+        assert [(src, fate) for src, _, fate in stats.written] == [
+            (src, "kept" if src in kept else "ungrounded") for src in ("d1/0", "d1/1", "d1/2", "d2/0")]
 
 
 def test_item_confidence_is_the_weakest_token_of_the_item_and_its_opening_separator():

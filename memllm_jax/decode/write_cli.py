@@ -228,5 +228,5 @@ def main(args: argparse.Namespace) -> int:
     except CorpusError as exc:
         raise SystemExit(str(exc)) from exc
     print(json.dumps({**stats.__dict__, "ungrounded": len(stats.ungrounded), "unconfident": len(stats.unconfident),
-                      "scored": len(stats.scored)}))
+                      "scored": len(stats.scored), "written": len(stats.written)}))
     return 0

@@ -291,6 +291,12 @@ class WriteStats:
     scored: list[tuple[str, protocol.Triple, float]] = dataclasses.field(default_factory=list)
     """With `min_confidence`: every triple that reached the confidence check, kept or not, as (source sentence,
     triple, confidence) in writing order; `write_scored` adds them to a memory at another threshold."""
+    written: list[tuple[str, protocol.Triple, str]] = dataclasses.field(default_factory=list)
+    """Every parsed triple as (source sentence, triple, fate), sentence by sentence, fate one of `FATES`: what
+    the model wrote and what the checks made of it (the pipeline's memory stage saves it beside the memory)."""
+
+
+FATES = ("kept", "ungrounded", "unconfident")
 
 
 def _normalized(text: str) -> str:
@@ -392,6 +398,8 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
                 stats.ungrounded += checked.ungrounded
                 stats.unconfident += checked.unconfident
                 stats.scored += [(source, t, c) for t, c in checked.confidences]
+                stats.written += [(source, t, fate) for fate, triples in zip(FATES, (
+                    checked.kept, checked.ungrounded, checked.unconfident)) for t in triples]
                 if checked.kept:
                     stats.triples += _add_untrusted(memory, checked.kept, source)
                 remaining[doc_id] -= 1

@@ -16,12 +16,14 @@ def _key(subject: str, relation: str, obj: str) -> tuple[str, str, str]:
     return tuple(" ".join(x.lower().split()) for x in (subject, relation, obj))  # type: ignore[return-value]
 
 
+def triple_key(t: dict | protocol.Triple) -> tuple[str, str, str]:
+    """What a triple (a memory record or a Triple) is compared by: its names, lower-cased, whitespace normalised."""
+    return _key(t["subject"], t["relation"], t["object"]) if isinstance(t, dict) else _key(t.subject, t.relation, t.object)
+
+
 def write_agreement(written: Iterable[dict | protocol.Triple], gold: Iterable[protocol.Triple]) -> dict:
     """Precision / recall / F1 of written triples (memory records or Triples) against gold Triples."""
-    def key(t):
-        return _key(t["subject"], t["relation"], t["object"]) if isinstance(t, dict) else _key(t.subject, t.relation, t.object)
-
-    written_keys, gold_keys = {key(t) for t in written}, {key(t) for t in gold}
+    written_keys, gold_keys = {triple_key(t) for t in written}, {triple_key(t) for t in gold}
     hit = len(written_keys & gold_keys)
     precision = hit / len(written_keys) if written_keys else 0.0
     recall = hit / len(gold_keys) if gold_keys else 0.0
