@@ -18,9 +18,10 @@ can grow it well past one step's need: the SmolLM2 memory-read adapter at 8 x 51
 was killed by the kernel at 24 GB after 13 steps on a 24 GB host. The training loop therefore calls
 `release_if_memory_low` after every step: when the host's available memory falls below a quarter of its total,
 the kept free pages are given back (the next step faults its buffers in once, as without the setting). That check
-comes too late for a step that compiles a new shape: the memory-write adapter (8 x 512, buckets (256, 512)) went
-from below 18 GB to 24.4 GB within its first 256-token step and was killed, so the loop also gives the kept pages
-back before the first step of each new batch shape.
+comes too late for a step that grows the heap by more than the margin: with buckets (256, 512) at 8 x 512, the
+memory-write adapter went from 16 GB to 24.4 GB within one step after alternating shapes (its free blocks the wrong
+sizes for the next step's buffers) and was killed. So the loop also gives the kept pages back whenever the batch
+shape changes from one step to the next: runs of steps of one shape reuse their buffers, a change faults them in.
 `MEMLLM_DEFAULT_MALLOC=1` in the environment leaves malloc as it is (slower steps, a peak of one step's buffers).
 """
 

@@ -293,14 +293,13 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
             last_eval = evaluate()
             if last_eval:
                 logger.log(0, last_eval, kind="eval")
-        shapes_seen: set[tuple] = set()
+        last_shape = None
         for step in range(start, total):
             local = next(iterator)
             shape = tuple(sorted((k, v.shape) for k, v in local.items()))
-            if shape not in shapes_seen:  # a new length bucket compiles and needs buffers of new sizes: give
-                shapes_seen.add(shape)    # the kept heap's free pages back first (train.host_memory)
-                if shapes_seen != {shape} and release_freed_memory():
-                    logger.write(f"step {step + 1}: new batch shape, freed memory kept for reuse given back (malloc_trim)")
+            if last_shape not in (None, shape) and release_freed_memory():  # (train.host_memory)
+                logger.write(f"step {step + 1}: batch shape changed, freed memory kept for reuse given back (malloc_trim)")
+            last_shape = shape
             state, m = train_step(state, split.frozen, S.to_global(local, mesh))
             m = {k: float(v) for k, v in jax.device_get(m).items()}
             done = step + 1
