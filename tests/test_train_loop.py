@@ -129,19 +129,24 @@ def test_nan_stops_and_keeps_last_good_checkpoint(files, pretrained, tmp_path):
     assert not os.path.exists(os.path.join(cfg.workdir, "model"))
 
 
-def test_kept_heap_is_given_back_when_the_batch_shape_changes(files, tmp_path, monkeypatch, capsys):
-    """A run whose batches come in two length buckets: before each step whose batch shape differs from the step
-    before, the loop gives the kept heap's free pages back (`train.host_memory`) and says so; with one bucket,
-    never."""
+def test_kept_heap_stops_at_the_first_change_of_batch_shape(files, tmp_path, monkeypatch, capsys):
+    """A run whose batches come in two length buckets: at the first step whose batch shape differs from the step
+    before, the loop stops keeping freed memory (`train.host_memory`) and says so; with one bucket, never."""
+    import types
+
+    from memllm_jax.train import host_memory
+
     calls = []
-    monkeypatch.setattr(loop, "release_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(host_memory, "_keeping", True)
+    libc = types.SimpleNamespace(mallopt=lambda *a: calls.append(a) or 1, malloc_trim=lambda pad: 1)
+    monkeypatch.setattr(host_memory, "_libc", lambda: libc)
     monkeypatch.setattr(loop, "release_if_memory_low", lambda: False)
-    for buckets, name in (((32, 128), "two"), ((128,), "one")):
+    for buckets, name in (((128,), "one"), ((32, 128), "two")):
         cfg = TrainConfig(name=name, model=TINY, mode="full", train_data=(files["write"],), tokenizer=files["tok"],
                           seq_len=128, buckets=buckets, packing="pad", global_batch=8, steps=12, lr=1e-3,
                           eval_fraction=0.05, workdir=str(tmp_path / name), mesh=MeshConfig(data=8, fsdp=1, tensor=1),
                           progress=False)
-        calls.clear()
         assert loop.run(cfg).step == 12
-        said = capsys.readouterr().out.count("batch shape changed, freed memory kept for reuse given back")
-        assert said == len(calls) and (said >= 1 if name == "two" else said == 0), (name, said, calls)
+        said = capsys.readouterr().out.count("the batch shape changes (length buckets): freed memory no longer kept")
+        assert said == (1 if name == "two" else 0), (name, said)
+    assert calls == list(host_memory.GLIBC_DEFAULTS) and host_memory._keeping is False

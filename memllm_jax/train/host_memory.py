@@ -20,8 +20,10 @@ was killed by the kernel at 24 GB after 13 steps on a 24 GB host. The training l
 the kept free pages are given back (the next step faults its buffers in once, as without the setting). That check
 comes too late for a step that grows the heap by more than the margin: with buckets (256, 512) at 8 x 512, the
 memory-write adapter went from 16 GB to 24.4 GB within one step after alternating shapes (its free blocks the wrong
-sizes for the next step's buffers) and was killed. So the loop also gives the kept pages back whenever the batch
-shape changes from one step to the next: runs of steps of one shape reuse their buffers, a change faults them in.
+sizes for the next step's buffers) and was killed. Giving the pages back at every change of shape kept it alive
+but at 25 s per step (half its steps changed shape), slower than glibc's defaults (17-20 s). So the kept heap is
+for runs of one batch shape: at the first change of shape the loop calls `stop_keeping_freed_memory`, which
+restores glibc's defaults for the rest of the process and gives the kept pages back.
 `MEMLLM_DEFAULT_MALLOC=1` in the environment leaves malloc as it is (slower steps, a peak of one step's buffers).
 """
 
@@ -33,8 +35,13 @@ import os
 import sys
 
 M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
 M_MMAP_MAX = -4
 M_ARENA_MAX = -8
+GLIBC_DEFAULTS = ((M_MMAP_MAX, 65536), (M_MMAP_THRESHOLD, 128 * 1024), (M_TRIM_THRESHOLD, 128 * 1024))
+"""glibc's documented defaults of the settings `keep_freed_memory` changes (the arena count stays at one)."""
+
+_keeping = False
 
 
 def _libc() -> ctypes.CDLL:
@@ -68,8 +75,25 @@ def keep_freed_memory() -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # One arena: threads' arenas other than the main one would still `mmap` large blocks. -1 is SIZE_MAX as
     # glibc reads the trim threshold: never trim.
+    global _keeping
     settings = ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1))
-    return all(mallopt(option, value) == 1 for option, value in settings)
+    _keeping = all(mallopt(option, value) == 1 for option, value in settings)
+    return _keeping
+
+
+def stop_keeping_freed_memory() -> bool:
+    """Undo `keep_freed_memory` for the rest of the process (glibc's defaults again, so large buffers are mapped
+    and unmapped per allocation) and give the kept pages back; True when it was keeping them."""
+    global _keeping
+    if not _keeping:
+        return False
+    mallopt = _libc().mallopt
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    for option, value in GLIBC_DEFAULTS:
+        mallopt(option, value)
+    _keeping = False
+    release_freed_memory()
+    return True
 
 
 def release_freed_memory() -> bool:

@@ -28,7 +28,7 @@ from memllm_jax.train import data as D
 from memllm_jax.train import step as S
 from memllm_jax.train.checkpoint import Checkpointer
 from memllm_jax.train.config import TrainConfig, validate
-from memllm_jax.train.host_memory import release_freed_memory, release_if_memory_low
+from memllm_jax.train.host_memory import release_if_memory_low, stop_keeping_freed_memory
 from memllm_jax.train.metrics import MetricsLogger
 from memllm_jax.train.optimizer import make_optimizer, schedule
 
@@ -297,8 +297,9 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
         for step in range(start, total):
             local = next(iterator)
             shape = tuple(sorted((k, v.shape) for k, v in local.items()))
-            if last_shape not in (None, shape) and release_freed_memory():  # (train.host_memory)
-                logger.write(f"step {step + 1}: batch shape changed, freed memory kept for reuse given back (malloc_trim)")
+            if last_shape not in (None, shape) and stop_keeping_freed_memory():  # (train.host_memory)
+                logger.write(f"step {step + 1}: the batch shape changes (length buckets): freed memory no longer "
+                             "kept for reuse (glibc's malloc defaults from here on)")
             last_shape = shape
             state, m = train_step(state, split.frozen, S.to_global(local, mesh))
             m = {k: float(v) for k, v in jax.device_get(m).items()}
