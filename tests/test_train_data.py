@@ -202,3 +202,20 @@ def test_head_positions_select_every_loss_token_once(tok, tmp_path, packing):
                                head_groups=2) for p in range(2)]
         for key in ("head_index", "head_valid"):
             assert np.array_equal(np.concatenate([p[key] for p in parts], axis=1), whole[key])
+
+
+def test_run_head_capacities_give_every_step_one_shape_per_length(tok, tmp_path):
+    """Per-batch head capacities differ from batch to batch (each a new step shape to compile); with the first
+    epoch's largest per length as floors, every batch of a length has the same head shape, none smaller than it
+    needs, and the loss tokens are still each selected once."""
+    corpus = D.load_corpus([write_jsonl(tmp_path / "w.jsonl", write_records(200))], tok, seq_len=128)
+    planner = D.Planner(corpus, seq_len=128, global_batch=4, packing="pack_examples", seed=0)
+    n = planner.batches_per_epoch
+    own = {D.head_capacity(planner.plan(k), corpus, 1, 2) for k in range(n)}
+    floors = D.run_head_capacities(planner, 10 * n, micro_batches=1, groups=2)
+    assert len(own) > 1 and floors == {128: max(own)}
+    for k in range(n):
+        b = D.materialize(planner.plan(k), corpus, pad_id=tok.pad_id, micro_batches=1, head_groups=2,
+                          head_floors=floors)
+        assert b["head_index"].shape == (1, 2, max(own))
+        assert b["head_valid"].sum() == b["loss_mask"].sum()

@@ -29,7 +29,7 @@ import dataclasses
 import functools
 import json
 import os
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -372,12 +372,25 @@ def head_capacity(plan: BatchPlan, corpus: Corpus, micro_batches: int, groups: i
     return round_capacity(int(row_loss_counts(plan, corpus).reshape(micro_batches * groups, -1).sum(-1).max()), slots)
 
 
+def run_head_capacities(planner: Planner, n_batches: int, micro_batches: int, groups: int) -> dict[int, int]:
+    """The largest `head_capacity` of each row length over the run's first epoch (or its `n_batches`, if fewer):
+    given to `materialize` as floors, so a run's steps take one shape per length. Per-batch capacities gave the
+    SmolLM2 memory-write batches four shapes, i.e. four compilations and step buffers of four sizes."""
+    floors: dict[int, int] = {}
+    for k in range(min(n_batches, planner.batches_per_epoch)):
+        plan = planner.plan(k)
+        floors[plan.length] = max(floors.get(plan.length, 0), head_capacity(plan, planner.corpus, micro_batches, groups))
+    return floors
+
+
 def materialize(plan: BatchPlan, corpus: Corpus, *, pad_id: int, micro_batches: int, process_index: int = 0,
-                process_count: int = 1, head_groups: int = 0) -> dict[str, np.ndarray]:
+                process_count: int = 1, head_groups: int = 0,
+                head_floors: Mapping[int, int] | None = None) -> dict[str, np.ndarray]:
     """This process's slice of one global batch, arrays shaped `[micro_batches, rows_per_process, L]`.
 
     `head_groups` > 0 adds `head_index` / `head_valid` (`train.step.HEAD_FIELDS`) for that many groups of rows
-    per micro-batch (the batch shards; a multiple of `process_count`)."""
+    per micro-batch (the batch shards; a multiple of `process_count`), with at least `head_floors[L]` positions
+    per group (`run_head_capacities`)."""
     B, L = len(plan.rows), plan.length
     if B % (micro_batches * process_count):
         raise ValueError(f"global batch {B} is not divisible by micro_batches*process_count={micro_batches * process_count}")
@@ -421,8 +434,8 @@ def materialize(plan: BatchPlan, corpus: Corpus, *, pad_id: int, micro_batches: 
         if head_groups % process_count or rows_per_micro % head_groups:
             raise ValueError(f"head_groups={head_groups} must divide the {rows_per_micro} rows of a micro-batch "
                              f"and be a multiple of the process count {process_count}")
-        out["head_index"], out["head_valid"] = head_positions(
-            loss_mask, head_groups // process_count, head_capacity(plan, corpus, micro_batches, head_groups))
+        capacity = max(head_capacity(plan, corpus, micro_batches, head_groups), (head_floors or {}).get(L, 0))
+        out["head_index"], out["head_valid"] = head_positions(loss_mask, head_groups // process_count, capacity)
     return out
 
 
@@ -440,13 +453,15 @@ class BatchSource:
 
 
 def make_iterator(planner: Planner, n_batches: int, *, pad_id: int, micro_batches: int, process_index: int = 0,
-                  process_count: int = 1, prefetch: int = 2, head_groups: int = 0):
+                  process_count: int = 1, prefetch: int = 2, head_groups: int = 0,
+                  head_floors: Mapping[int, int] | None = None):
     """A checkpointable grain iterator over this process's slices of `n_batches` global batches.
 
     `it.get_state()` / `it.set_state(state)` save and restore the position (a small JSON-able dict).
     """
     source = BatchSource(planner, n_batches, pad_id=pad_id, micro_batches=micro_batches,
-                         process_index=process_index, process_count=process_count, head_groups=head_groups)
+                         process_index=process_index, process_count=process_count, head_groups=head_groups,
+                         head_floors=head_floors)
     ds = grain.MapDataset.source(source)
     opts = grain.ReadOptions(num_threads=max(1, prefetch), prefetch_buffer_size=prefetch)
     return iter(ds.to_iter_dataset(opts))

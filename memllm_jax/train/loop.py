@@ -251,8 +251,10 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
 
     ckpt = Checkpointer(os.path.join(workdir, "ckpt"), keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoint)
     head_groups = dp if cfg.sparse_head and dp % pcount == 0 else 0  # one group of rows per batch shard
+    head_floors = D.run_head_capacities(planner, total, cfg.micro_batches, head_groups) if head_groups else None
     iterator = D.make_iterator(planner, total, pad_id=tok.pad_id, micro_batches=cfg.micro_batches,
-                               process_index=pidx, process_count=pcount, head_groups=head_groups)
+                               process_index=pidx, process_count=pcount, head_groups=head_groups,
+                               head_floors=head_floors)
     start = 0
     if cfg.resume and ckpt.latest_step() is not None:
         state, data_state = ckpt.restore(_abstract(state))
@@ -267,6 +269,8 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
         f"{cfg.name}: {cfg.mode} mode, {n_trained:,} trained parameters, {len(corpus.examples)} train / "
         f"{len(eval_corpus.examples)} held-out examples ({corpus.truncated} truncated, {corpus.dropped} dropped), "
         f"{planner.batches_per_epoch} batches/epoch, steps {start}->{total}, mesh {dict(mesh.shape)}"
+        + (f", LM head at {', '.join(f'{c:,}' for c in head_floors.values())} loss positions per group of rows"
+           if head_floors else "")
     )
 
     eval_rows = max(dp, (cfg.eval_batch // dp) * dp)
