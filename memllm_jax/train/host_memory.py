@@ -60,6 +60,13 @@ def _jax_backend_started() -> bool:
     return bool(xla_bridge.backends_are_initialized())
 
 
+def _mallopt():
+    """glibc's `mallopt(option, value)` with its C signature."""
+    mallopt = _libc().mallopt
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt
+
+
 def keep_freed_memory() -> bool:
     """Apply the glibc malloc settings of the module docstring; True when applied. Does nothing (False) off
     Linux, without glibc's `mallopt`, with `MEMLLM_DEFAULT_MALLOC=1` in the environment, or once JAX's backend
@@ -69,10 +76,9 @@ def keep_freed_memory() -> bool:
     if not sys.platform.startswith("linux") or _jax_backend_started():
         return False
     try:
-        mallopt = _libc().mallopt
+        mallopt = _mallopt()
     except (OSError, AttributeError):
         return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     # One arena: threads' arenas other than the main one would still `mmap` large blocks. -1 is SIZE_MAX as
     # glibc reads the trim threshold: never trim.
     global _keeping
@@ -87,8 +93,7 @@ def stop_keeping_freed_memory() -> bool:
     global _keeping
     if not _keeping:
         return False
-    mallopt = _libc().mallopt
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    mallopt = _mallopt()
     for option, value in GLIBC_DEFAULTS:
         mallopt(option, value)
     _keeping = False
