@@ -58,7 +58,8 @@ def matmul_fn(framework: str, dtype: str, n: int) -> Callable[[], object] | None
         import jax.numpy as jnp
 
         x, y = jnp.asarray(a, dtype), jnp.asarray(b, dtype)
-        f = jax.jit(lambda u, v: u @ v)
+        # Low-precision operands with float32 results, as the model multiplies them (`model/matmul.py`).
+        f = jax.jit(lambda u, v: jnp.matmul(u, v, preferred_element_type=jnp.float32))
         return lambda: f(x, y).block_until_ready()
     if framework == "torch":
         try:
@@ -68,6 +69,11 @@ def matmul_fn(framework: str, dtype: str, n: int) -> Callable[[], object] | None
         x, y = (torch.from_numpy(m).to(getattr(torch, dtype)) for m in (a, b))
         return lambda: torch.mm(x, y)
     raise ValueError(f"unknown framework {framework!r}")
+
+
+def model_dtypes(cfg) -> list[str]:
+    """The dtypes a model's matmuls can run in (a `ModelConfig`'s parameters, activations, matmul operands)."""
+    return sorted({cfg.param_dtype, cfg.compute_dtype, cfg.matmul_dtype or cfg.compute_dtype})
 
 
 def best_seconds(fn: Callable[[], object], repeats: int) -> float:

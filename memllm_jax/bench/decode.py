@@ -274,7 +274,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     from memllm_jax.bench import ceiling
 
-    ceil = ceiling.measure(sorted({model.cfg.param_dtype, model.cfg.compute_dtype}),
+    ceil = ceiling.measure(ceiling.model_dtypes(model.cfg),
                            [int(x) for x in args.matmul_sizes.split(",")])
     w = interleaved({"docs batched": corpus(args.batch, True, "d_b"), "docs batched, no sharing": corpus(args.batch, False, "d_bn"),
                      "docs sequential": corpus(1, True, "d_s"),

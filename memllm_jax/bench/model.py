@@ -38,7 +38,7 @@ def main(args: argparse.Namespace) -> int:
     torch.set_grad_enabled(False)
     configs = {name: dataclasses.replace(PRESETS[name], sliding_window=None, max_seq_len=max(args.length, 8))
                for name in args.configs.split(",")}
-    dtypes = sorted({d for cfg in configs.values() for d in (cfg.param_dtype, cfg.compute_dtype)})
+    dtypes = sorted({d for cfg in configs.values() for d in C.model_dtypes(cfg)})
     ceil = C.measure(dtypes, [int(s) for s in args.matmul_sizes.split(",")])
     ceiling = ceil.flops
 

@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "pretrained vocabulary; 10 in the memory-write / memory-read configs): ours "
                              "LoraConfig.trainable_tokens, PEFT trainable_token_indices")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--matmul-dtype", choices=("float32", "bfloat16"), default=None,
+                        help="operand dtype of the linear layers' matmuls (ModelConfig.matmul_dtype; default: the "
+                             "preset's); HF + PEFT then runs under torch.autocast to the same dtype")
     parser.add_argument("--matmul-sizes", default="512,1024,2048", help="sizes n of the n x n x n ceiling matmuls")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = os.cpu_count())")
     parser.add_argument("--no-peer", action="store_true", help="skip HF + PEFT")
@@ -113,6 +116,10 @@ def ours(cfg, lora_cfg, tcfg, batch, sparse_head: bool = True):
 
 
 def hf_peft(cfg, lora_cfg, tcfg, batch, threads: int = 0):
+    """HF Mistral + PEFT LoRA, float32 weights; with `cfg.matmul_dtype` "bfloat16" the forward runs under
+    `torch.autocast("cpu", torch.bfloat16)` (bf16 matmul operands, as ours)."""
+    import contextlib
+
     import torch
 
     torch.set_num_threads(threads or os.cpu_count() or 1)
@@ -142,8 +149,12 @@ def hf_peft(cfg, lora_cfg, tcfg, batch, threads: int = 0):
     mask = torch.from_numpy(batch["loss_mask"])
     positions = torch.from_numpy(batch["positions"].astype(np.int64))
 
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if cfg.matmul_dtype == "bfloat16"
+                else contextlib.nullcontext())
+
     def run():
-        logits = model(input_ids=inputs, position_ids=positions).logits.float()
+        with autocast:
+            logits = model(input_ids=inputs, position_ids=positions).logits.float()
         nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
         loss = (nll * mask.reshape(-1)).sum() / mask.sum()
         loss.backward()
@@ -167,6 +178,8 @@ def main(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
     cfg = dataclasses.replace(PRESETS[args.preset], max_seq_len=max(args.seq_len, PRESETS[args.preset].max_seq_len))
+    if args.matmul_dtype:
+        cfg = dataclasses.replace(cfg, matmul_dtype=args.matmul_dtype)
     if cfg.d_model < 512:
         print(f"note: preset {args.preset} has d_model {cfg.d_model} < 512")
     lora_cfg = LoraConfig(rank=args.rank, alpha=8.0, dropout=args.dropout,
@@ -182,7 +195,7 @@ def main(args: argparse.Namespace) -> int:
         specs["hf+peft"] = Spec(hf_peft, (cfg, lora_cfg, tcfg, batch, args.threads), env=torch_env,
                                 setup=keep_freed_memory if args.peer_keeps_freed_memory else None)
     # The ceiling first, here, while no contender exists yet (none runs concurrently with it).
-    ceil = ceiling.measure(sorted({cfg.param_dtype, cfg.compute_dtype}), [int(s) for s in args.matmul_sizes.split(",")])
+    ceil = ceiling.measure(ceiling.model_dtypes(cfg), [int(s) for s in args.matmul_sizes.split(",")])
     if args.same_process:  # the specs' env and setup apply in workers only
         t = interleaved({name: spec.build() for name, spec in specs.items()}, repeats=args.repeats, warmup=1)
     else:

@@ -17,6 +17,8 @@ from flax import nnx
 
 from memllm_jax.config import LoraConfig
 from memllm_jax.model import init
+from memllm_jax.model.dropout import HashDropout
+from memllm_jax.model.matmul import matmul
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
 
@@ -24,15 +26,16 @@ BASE_PARAMS = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
 """Filter selecting the base parameters only (`nnx.LoRAParam` subclasses `nnx.Param`)."""
 
 
-def _contract(x: jax.Array, w: jax.Array, n_in: int, out_dtype=None) -> jax.Array:
-    """Contract the last `n_in` axes of `x` with the first `n_in` axes of `w`.
+def _contract(x: jax.Array, w: jax.Array, n_in: int, out_dtype=None, operand_dtype: str | None = None) -> jax.Array:
+    """Contract the last `n_in` axes of `x` with the first `n_in` axes of `w` (`operand_dtype`: see
+    `model.matmul.matmul`).
 
     Done as one 2-D matmul (`[tokens, in] @ [in, out]`): XLA's CPU backend is several times slower on the
     backward pass of dot_generals with several contracting or free dimensions."""
     lead, in_shape, out_shape = x.shape[: x.ndim - n_in], w.shape[:n_in], w.shape[n_in:]
     x_TxI = x.reshape(math.prod(lead), math.prod(in_shape))
     w_IxO = w.reshape(math.prod(in_shape), math.prod(out_shape))
-    y_TxO = jnp.matmul(x_TxI, w_IxO, preferred_element_type=out_dtype)
+    y_TxO = matmul(x_TxI, w_IxO, operand_dtype, out_dtype)
     return y_TxO.reshape(*lead, *out_shape)
 
 
@@ -61,7 +64,7 @@ class LoRA(nnx.Module):
         a = init.uniform(rngs.params(), (*in_shape, cfg.rank), bound, param_dtype)
         self.a = nnx.LoRAParam(a, logical_axes=(*in_axes, "lora_rank"))
         self.b = nnx.LoRAParam(jnp.zeros((cfg.rank, *out_shape), param_dtype), logical_axes=("lora_rank", *out_axes))
-        self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs) if cfg.dropout > 0 else None
+        self.dropout = HashDropout(cfg.dropout, rngs=rngs) if cfg.dropout > 0 else None
 
     def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
         if self.dropout is not None:

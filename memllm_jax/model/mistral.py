@@ -83,6 +83,7 @@ class Linear(nnx.Module):
         lora_rngs: nnx.Rngs,
     ):
         self.n_in = len(in_shape)
+        self.operand_dtype = cfg.matmul_dtype or cfg.compute_dtype
         dtype = jnp.dtype(cfg.param_dtype)
         kernel = init.normal(rngs.params(), (*in_shape, *out_shape), std, dtype)
         self.kernel = nnx.Param(kernel, logical_axes=(*in_axes, *out_axes))
@@ -98,7 +99,7 @@ class Linear(nnx.Module):
 
     def base(self, x: jax.Array, out_dtype=None) -> jax.Array:
         """The frozen kernel's part, `x @ kernel`."""
-        return _contract(x, self.kernel[...].astype(x.dtype), self.n_in, out_dtype)
+        return _contract(x, self.kernel[...], self.n_in, out_dtype, self.operand_dtype)
 
 
 def project(x: jax.Array, linears: Sequence[Linear], deterministic: bool) -> list[jax.Array]:
@@ -432,8 +433,7 @@ class Mistral(nnx.Module):
     def head(self, x_BxLxD: jax.Array, deterministic: bool = True) -> jax.Array:
         """Float32 logits `[B, L, V]` of final hidden states (any leading shape `[B, L]`)."""
         if self.lm_head is None:
-            logits = jnp.einsum("BLD,VD->BLV", x_BxLxD, self.embed[...].astype(jnp.dtype(self.cfg.compute_dtype)),
-                                preferred_element_type=jnp.float32)
+            logits = _contract(x_BxLxD, self.embed[...].T, 1, jnp.float32, self.cfg.matmul_dtype or self.cfg.compute_dtype)
             if self.token_lora is not None:  # trained rows score as they embed, as after merge_lora
                 logits = self.token_lora.add_head_scores(x_BxLxD, logits)
         else:
