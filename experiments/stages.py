@@ -7,7 +7,7 @@ import json
 import pathlib
 import random
 
-from experiments.pipeline import _atomic_json, _atomic_text
+from experiments.pipeline import _atomic_json, _atomic_text, train_overrides
 from memllm_jax.errors import InputError, load_json
 
 
@@ -114,7 +114,7 @@ def _train(self, section: str, module: str, data_file: str, init: str | None):
     from experiments.training import run_training
 
     data = self.out / "data" / "train" / data_file
-    return run_training(module, section, self.cfg.train_overrides, train_data=str(data),
+    return run_training(module, section, train_overrides(self.cfg), train_data=str(data),
                         tokenizer=str(self.out / "tokenizer"), workdir=str(self.out / "train" / section),
                         init=init, say=self.say)
 

@@ -68,6 +68,12 @@ class ModelConfig:
     False: a Python loop over separate blocks."""
 
 
+MODEL_LAYOUT_FIELDS = ("param_dtype", "compute_dtype", "matmul_dtype", "remat", "remat_policy", "scan_layers",
+                       "max_seq_len")
+"""The `ModelConfig` fields that choose how a model runs rather than what it computes: they are carried over
+when a model is rebuilt from stored weights (an HF / GGUF base under a checkpoint, a training run's base)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class LoraConfig:
     """Low-rank adapters added to linear layers: W x + (alpha / rank) * B A x."""

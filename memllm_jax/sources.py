@@ -22,6 +22,7 @@ import pathlib
 import sys
 from typing import Callable
 
+from memllm_jax.config import MODEL_LAYOUT_FIELDS
 from memllm_jax.errors import InputError
 
 CHECKPOINT, WORKDIR, LEGACY, HF, GGUF = "checkpoint", "training workdir", "training workdir (legacy params/)", "HF", "GGUF"
@@ -162,9 +163,6 @@ def _load_checkpoint(directory: pathlib.Path, mesh, step: int | None = None):
     return C.restore_params(directory, model, stored.step), stored
 
 
-_LAYOUT = ("param_dtype", "compute_dtype", "remat", "remat_policy", "scan_layers", "max_seq_len")
-
-
 def _base_model(source: str, cfg, lora, extra_tokens: int, mesh, where: str):
     """A concrete model of `cfg` (+ fresh `lora` adapters) whose base weights come from `source`."""
     try:
@@ -175,7 +173,7 @@ def _base_model(source: str, cfg, lora, extra_tokens: int, mesh, where: str):
         from memllm_jax.model.hf import load_hf
 
         _, model = load_hf(src.weights, mesh, lora=lora, extra_tokens=extra_tokens,
-                           **{f: getattr(cfg, f) for f in _LAYOUT})
+                           **{f: getattr(cfg, f) for f in MODEL_LAYOUT_FIELDS})
         if model.cfg.vocab_size != cfg.vocab_size:
             raise InputError(f"{where}: its base {source} has {model.cfg.vocab_size} vocabulary rows, the checkpoint "
                              f"{cfg.vocab_size}")

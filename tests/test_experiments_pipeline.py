@@ -159,6 +159,19 @@ def test_stage_keys_follow_the_data_flow():
         "memory", "diagnostics", "table2", "editing", "scaling", "report"]
 
 
+def test_matmul_dtype_reaches_every_training_config_and_reruns_everything_trained():
+    from experiments.pipeline import train_overrides
+    from experiments.training import train_config
+
+    base = PipelineConfig(base_model="", train_overrides=("mw.steps=5",))
+    bf16 = dataclasses.replace(base, matmul_dtype="bfloat16")
+    assert train_overrides(base) == ("mw.steps=5",)
+    for section, module in (("pretrain", "pretrain_tiny"), ("mw", "mw_tiny"), ("mr", "mr_tiny")):
+        cfg = train_config(module, section, train_overrides(bf16), train_data="", tokenizer="", workdir="", init=None)
+        assert cfg.model.matmul_dtype == "bfloat16"
+    assert [s for s in STAGES if stage_key(base, s) != stage_key(bf16, s)] == list(STAGES[STAGES.index("pretrain"):])
+
+
 def test_context_bound_covers_the_longest_evaluation_document(tmp_path):
     import types
 

@@ -7,6 +7,7 @@ G = N / K query heads per kv head, M = G * L, H head dim, F MLP width, V vocab, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
@@ -116,6 +117,15 @@ def project(x: jax.Array, linears: Sequence[Linear], deterministic: bool) -> lis
         if linear.lora is not None and i not in shared:
             ys[i] = ys[i] + linear.lora(x, deterministic).astype(ys[i].dtype)
     return ys
+
+
+def set_matmul_dtype(model: nnx.Module, matmul_dtype: str | None) -> None:
+    """Run `model`'s linear layers and LM head with `matmul_dtype` operands from now on (`ModelConfig.
+    matmul_dtype`; the weights are unchanged): updates `model.cfg` and every `Linear`."""
+    model.cfg = dataclasses.replace(model.cfg, matmul_dtype=matmul_dtype)
+    for _, module in model.iter_modules():
+        if isinstance(module, Linear):
+            module.operand_dtype = matmul_dtype or model.cfg.compute_dtype
 
 
 class RMSNorm(nnx.Module):

@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from memllm_jax.config import LoraConfig, MeshConfig, ModelConfig
+from memllm_jax.config import MODEL_LAYOUT_FIELDS, LoraConfig, MeshConfig, ModelConfig
 from memllm_jax.train import data as D
 from memllm_jax.train import step as S
 from memllm_jax.train.checkpoint import Checkpointer
@@ -143,10 +143,8 @@ def build_model(cfg: TrainConfig, mesh, vocab_size: int | None = None):
         with open(os.path.join(init, "config.json")) as f:
             hf_vocab = int(json.load(f)["vocab_size"])
         extra = max(0, (vocab_size or hf_vocab) - hf_vocab)
-        _, model = load_hf(init, mesh, lora=lora, extra_tokens=extra, seed=cfg.seed,
-                           param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype,
-                           remat=cfg.model.remat, remat_policy=cfg.model.remat_policy,
-                           scan_layers=cfg.model.scan_layers)
+        layout = {f: getattr(cfg.model, f) for f in MODEL_LAYOUT_FIELDS if f != "max_seq_len"}
+        _, model = load_hf(init, mesh, lora=lora, extra_tokens=extra, seed=cfg.seed, **layout)
         return model
     if vocab_size is not None and vocab_size > cfg.model.vocab_size:
         raise ValueError(f"the tokenizer has {vocab_size} ids but TrainConfig.model.vocab_size={cfg.model.vocab_size}")
