@@ -37,6 +37,20 @@ def test_scanned_model_decodes_unrolled_with_the_same_tokens_and_calls():
     assert any(calls for _, calls in runs[0])
 
 
+def test_unrolled_copy_stores_kernels_as_bf16_operands_with_the_same_tokens():
+    """With `matmul_dtype="bfloat16"` the unrolled copy keeps its block kernels in bf16 (no conversion per step);
+    the products, and so the tokens and calls, are those of the model whose kernels stay float32."""
+    (scanned, tok), (unrolled, _) = (build(dict(SHAPE, matmul_dtype="bfloat16")),
+                                     build(dict(SHAPE, matmul_dtype="bfloat16", scan_layers=False)))
+    copy = loop.merge(*loop.split_model(scanned))
+    assert copy.layers[0].mlp.up.kernel[...].dtype == jax.numpy.bfloat16
+    assert scanned.layers.mlp.up.kernel[...].dtype == jax.numpy.float32  # the model itself is unchanged
+    prompts = [[tok.bos_id] + tok.encode("x" * i) for i in range(3)]
+    runs = [[(r.token_ids, [(c.query_text, c.result) for c in r.calls])
+             for r in generate_with_memory(model, tok, MEMORY, prompts, 48, batch_size=3)] for model in (scanned, unrolled)]
+    assert runs[0] == runs[1]
+
+
 def test_unrolled_copy_is_made_once_per_set_of_weights():
     scanned, _, _ = _scanned_and_unrolled()
     first = loop.split_model(scanned)

@@ -164,10 +164,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "inside the jitted loop (decode.reader module docstring), or both side by side")
     parser.add_argument("--matmul-sizes", default="512,1024,2048",
                         help="sides of the square matmuls of the ceiling (the write part's roofline)")
+    parser.add_argument("--matmul-dtype", choices=("float32", "bfloat16"), default=None,
+                        help="our model's matmul operand dtype (ModelConfig.matmul_dtype; default float32); the "
+                             "torch original stays float32")
 
 
 def model_shape(args: argparse.Namespace) -> dict:
-    """ModelConfig fields of the benchmarked model: a preset's shape, or a small Mistral of --d-model / --layers."""
+    """ModelConfig fields of the benchmarked model: a preset's shape, or a small Mistral of --d-model / --layers;
+    with --matmul-dtype."""
+    precision = {"matmul_dtype": args.matmul_dtype} if getattr(args, "matmul_dtype", None) else {}
+    return {**_shape(args), **precision}
+
+
+def _shape(args: argparse.Namespace) -> dict:
     if args.preset:
         from memllm_jax.config import PRESETS
 

@@ -456,14 +456,21 @@ def _unrollable(model: Any, params: Any) -> bool:
     faster per step on CPU (batch 1 and 16, d_model 128, 2 layers, measured), as each scanned step slices
     every layer's cache (or, given per-layer caches, its weights) off the stack. A sharded model stays
     scanned (only one layer's gathered weights live at a time), and so does a large one (the copy of its
-    layer weights costs more memory than the per-step slices cost time)."""
+    layer weights costs more memory than the per-step slices cost time). The copy's size counts its kernels in
+    their matmul operand dtype (`_store_kernels_as_operands`)."""
     from memllm_jax.model.mistral import Mistral
 
     if not isinstance(model, Mistral) or not model.cfg.scan_layers:
         return False
-    layers = jax.tree.leaves(params["layers"])
-    one_device = all(len(x.sharding.device_set) == 1 for x in layers if isinstance(x, jax.Array))
-    return one_device and sum(x.nbytes for x in layers) <= UNROLL_MAX_BYTES
+    layers = jax.tree_util.tree_leaves_with_path(params["layers"])
+    one_device = all(len(x.sharding.device_set) == 1 for _, x in layers if isinstance(x, jax.Array))
+    operand = jnp.dtype(model.cfg.matmul_dtype or model.cfg.compute_dtype).itemsize
+
+    def copy_bytes(path, x) -> int:
+        kernel = "kernel" in jax.tree_util.keystr(path)
+        return x.size * min(x.dtype.itemsize, operand) if kernel else x.nbytes
+
+    return one_device and sum(copy_bytes(p, x) for p, x in layers) <= UNROLL_MAX_BYTES
 
 
 def _unrolled_split(static: StaticGraph, params: Any) -> tuple[StaticGraph, Any]:
@@ -479,10 +486,25 @@ def _unrolled_split(static: StaticGraph, params: Any) -> tuple[StaticGraph, Any]
     copy = merge(static, params)
     copy.layers = nnx.List(unstack_blocks(copy.layers, copy.cfg.n_layers))
     copy.cfg = dataclasses.replace(copy.cfg, scan_layers=False)
+    _store_kernels_as_operands(copy.layers)
     graphdef, unrolled = nnx.split(copy)
     split = (_intern(graphdef), unrolled)
     _UNROLLED[:] = [(static, arrays, split)]
     return split
+
+
+def _store_kernels_as_operands(blocks) -> None:
+    """Store the blocks' linear kernels (the copies `_unrolled_split` made) in their matmul operand dtype
+    (`ModelConfig.matmul_dtype`) when that is narrower: the products are the same, as the matmul rounds its
+    operands to that dtype anyway, and the decoding loop no longer converts every kernel at every step."""
+    from memllm_jax.model.mistral import Linear
+
+    for block in blocks:
+        for _, module in block.iter_modules():
+            if isinstance(module, Linear):
+                operand = jnp.dtype(module.operand_dtype)
+                if operand.itemsize < module.kernel[...].dtype.itemsize:
+                    module.kernel.set_value(module.kernel[...].astype(operand))
 
 
 def split_model(model: Any) -> tuple[StaticGraph, Any]:
