@@ -500,7 +500,7 @@ def _store_kernels_as_operands(blocks) -> None:
     from memllm_jax.model.mistral import Linear
 
     for block in blocks:
-        for _, module in block.iter_modules():
+        for _, module in nnx.iter_modules(block):
             if isinstance(module, Linear):
                 operand = jnp.dtype(module.operand_dtype)
                 if operand.itemsize < module.kernel[...].dtype.itemsize:

@@ -123,7 +123,7 @@ def set_matmul_dtype(model: nnx.Module, matmul_dtype: str | None) -> None:
     """Run `model`'s linear layers and LM head with `matmul_dtype` operands from now on (`ModelConfig.
     matmul_dtype`; the weights are unchanged): updates `model.cfg` and every `Linear`."""
     model.cfg = dataclasses.replace(model.cfg, matmul_dtype=matmul_dtype)
-    for _, module in model.iter_modules():
+    for _, module in nnx.iter_modules(model):
         if isinstance(module, Linear):
             module.operand_dtype = matmul_dtype or model.cfg.compute_dtype
 
