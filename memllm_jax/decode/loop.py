@@ -456,21 +456,16 @@ def _unrollable(model: Any, params: Any) -> bool:
     faster per step on CPU (batch 1 and 16, d_model 128, 2 layers, measured), as each scanned step slices
     every layer's cache (or, given per-layer caches, its weights) off the stack. A sharded model stays
     scanned (only one layer's gathered weights live at a time), and so does a large one (the copy of its
-    layer weights costs more memory than the per-step slices cost time). The copy's size counts its kernels in
-    their matmul operand dtype (`_store_kernels_as_operands`)."""
+    layer weights costs more memory than the per-step slices cost time). Counting the kernels of the copy at their
+    bf16 operand size instead made SmolLM2 unrolled and the main job's rows 1 and 2 slower together (194 s + 201 s
+    against 203 s + 145 s scanned, 2026-11-25), so the bound counts the stored weights."""
     from memllm_jax.model.mistral import Mistral
 
     if not isinstance(model, Mistral) or not model.cfg.scan_layers:
         return False
-    layers = jax.tree_util.tree_leaves_with_path(params["layers"])
-    one_device = all(len(x.sharding.device_set) == 1 for _, x in layers if isinstance(x, jax.Array))
-    operand = jnp.dtype(model.cfg.matmul_dtype or model.cfg.compute_dtype).itemsize
-
-    def copy_bytes(path, x) -> int:
-        kernel = "kernel" in jax.tree_util.keystr(path)
-        return x.size * min(x.dtype.itemsize, operand) if kernel else x.nbytes
-
-    return one_device and sum(copy_bytes(p, x) for p, x in layers) <= UNROLL_MAX_BYTES
+    layers = jax.tree.leaves(params["layers"])
+    one_device = all(len(x.sharding.device_set) == 1 for x in layers if isinstance(x, jax.Array))
+    return one_device and sum(x.nbytes for x in layers) <= UNROLL_MAX_BYTES
 
 
 def _unrolled_split(static: StaticGraph, params: Any) -> tuple[StaticGraph, Any]:
