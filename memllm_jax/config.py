@@ -67,6 +67,11 @@ class ModelConfig:
     compiled (compile time independent of depth) and only one layer's gathered weights are live at a time.
     False: a Python loop over separate blocks."""
 
+    @property
+    def operand_dtype(self) -> str:
+        """The dtype the linear layers' matmul operands are rounded to: `matmul_dtype`, else `compute_dtype`."""
+        return self.matmul_dtype or self.compute_dtype
+
 
 MODEL_LAYOUT_FIELDS = ("param_dtype", "compute_dtype", "matmul_dtype", "remat", "remat_policy", "scan_layers",
                        "max_seq_len")

@@ -73,7 +73,7 @@ def matmul_fn(framework: str, dtype: str, n: int) -> Callable[[], object] | None
 
 def model_dtypes(cfg) -> list[str]:
     """The dtypes a model's matmuls can run in (a `ModelConfig`'s parameters, activations, matmul operands)."""
-    return sorted({cfg.param_dtype, cfg.compute_dtype, cfg.matmul_dtype or cfg.compute_dtype})
+    return sorted({cfg.param_dtype, cfg.compute_dtype, cfg.operand_dtype})
 
 
 def best_seconds(fn: Callable[[], object], repeats: int) -> float:

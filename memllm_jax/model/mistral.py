@@ -84,7 +84,7 @@ class Linear(nnx.Module):
         lora_rngs: nnx.Rngs,
     ):
         self.n_in = len(in_shape)
-        self.operand_dtype = cfg.matmul_dtype or cfg.compute_dtype
+        self.operand_dtype = cfg.operand_dtype
         dtype = jnp.dtype(cfg.param_dtype)
         kernel = init.normal(rngs.params(), (*in_shape, *out_shape), std, dtype)
         self.kernel = nnx.Param(kernel, logical_axes=(*in_axes, *out_axes))
@@ -125,7 +125,7 @@ def set_matmul_dtype(model: nnx.Module, matmul_dtype: str | None) -> None:
     model.cfg = dataclasses.replace(model.cfg, matmul_dtype=matmul_dtype)
     for _, module in nnx.iter_modules(model):
         if isinstance(module, Linear):
-            module.operand_dtype = matmul_dtype or model.cfg.compute_dtype
+            module.operand_dtype = model.cfg.operand_dtype
 
 
 class RMSNorm(nnx.Module):
@@ -443,7 +443,7 @@ class Mistral(nnx.Module):
     def head(self, x_BxLxD: jax.Array, deterministic: bool = True) -> jax.Array:
         """Float32 logits `[B, L, V]` of final hidden states (any leading shape `[B, L]`)."""
         if self.lm_head is None:
-            logits = _contract(x_BxLxD, self.embed[...].T, 1, jnp.float32, self.cfg.matmul_dtype or self.cfg.compute_dtype)
+            logits = _contract(x_BxLxD, self.embed[...].T, 1, jnp.float32, self.cfg.operand_dtype)
             if self.token_lora is not None:  # trained rows score as they embed, as after merge_lora
                 logits = self.token_lora.add_head_scores(x_BxLxD, logits)
         else:
