@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 from data_gen.docred import Document, documents_from_raw, iter_documents
 from data_gen.eval_examples import eval_record
 from data_gen.io import JsonlWriter, atomic_open, iter_json_array
-from data_gen.read_examples import context_free_records, question_form_records, read_records, scan_read_points
+from data_gen.read_examples import context_free_records, misread, question_form_records, read_records, scan_read_points
 from data_gen.stats import Stats
 from data_gen.write_examples import (context_free_items, iter_write_items, question_form_items, write_coverage,
                                      write_record)
@@ -63,12 +63,13 @@ def lm_record(doc: Document) -> dict:
 def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, *, pretext_sentences: int | None,
                    q_thr: int, max_queries: int, filter_ambiguous: bool, context_free: int = 0,
                    read_context_free: int = 0, question_form: int = 0, read_question_form: int = 0,
-                   seed: int = 0) -> Iterator[tuple[str, dict]]:
+                   misread_rate: float = 0.0, seed: int = 0) -> Iterator[tuple[str, dict]]:
     """`context_free`: extra write examples per document of one later sentence without its pretext
     (`write_examples.context_free_items`), marked `"context_free": true`; `read_context_free`: the same for read
     examples (`read_examples.context_free_records`); `question_form`: extra write examples per document of one
     triple asked as a question and answered (`write_examples.question_form_items`), marked `"question_form": true`;
-    `read_question_form`: the same as read examples (`read_examples.question_form_records`)."""
+    `read_question_form`: the same as read examples (`read_examples.question_form_records`); `misread_rate`: the
+    share of the read examples' query results replaced by a wrong entity (`read_examples.misread`)."""
     stats.documents += 1
     if "write" in kinds:
         for item in iter_write_items(doc, pretext_sentences):
@@ -90,11 +91,12 @@ def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, *, pr
                 yield "coverage", {"doc": doc.doc_id, **c}
     if "read" in kinds:
         points = scan_read_points(doc, query_fn, q_thr=q_thr, max_queries=max_queries, filter_ambiguous=filter_ambiguous)
+        stats.misread_results += misread(doc, points, misread_rate, seed)
         stats.add_read_points(points)
         for rec in read_records(doc, points):
             yield "read", rec
-        lone = context_free_records(doc, query_fn, read_context_free, seed, q_thr=q_thr, max_queries=max_queries,
-                                    filter_ambiguous=filter_ambiguous)
+        lone = context_free_records(doc, query_fn, read_context_free, seed, misread_rate, q_thr=q_thr,
+                                    max_queries=max_queries, filter_ambiguous=filter_ambiguous)
         stats.read_examples += len(lone)
         stats.context_free_reads += len(lone)
         for rec in lone:
@@ -115,7 +117,8 @@ def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds
               query_fn_factory: Callable[[Callable[[], Iterable[Document]]], object] | None = None,
               pretext_sentences: int | None = 10, q_thr: int = 30, max_queries: int = 3, filter_ambiguous: bool = True,
               counterfactual: int = 0, context_free: int = 0, read_context_free: int = 0, question_form: int = 0,
-              read_question_form: int = 0, fmt: str = "jsonl", limit: int | None = None, seed: int = 0) -> Stats:
+              read_question_form: int = 0, misread_rate: float = 0.0, fmt: str = "jsonl", limit: int | None = None,
+              seed: int = 0) -> Stats:
     out = pathlib.Path(out_dir)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -124,7 +127,8 @@ def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds
                           pretext_sentences=pretext_sentences, q_thr=q_thr, max_queries=max_queries,
                           filter_ambiguous=filter_ambiguous, counterfactual=counterfactual, context_free=context_free,
                           read_context_free=read_context_free, question_form=question_form,
-                          read_question_form=read_question_form, fmt=fmt, limit=limit, seed=seed)
+                          read_question_form=read_question_form, misread_rate=misread_rate, fmt=fmt, limit=limit,
+                          seed=seed)
     except BaseException:
         if created:  # the writers removed their temp files; leave no empty output directory either
             with contextlib.suppress(OSError):
@@ -134,8 +138,8 @@ def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds
 
 def _build_all(input_path: str, out: pathlib.Path, labels: Mapping[str, str], *, kinds: set[str], query_fn_factory,
                pretext_sentences: int | None, q_thr: int, max_queries: int, filter_ambiguous: bool, counterfactual: int,
-               context_free: int, read_context_free: int, question_form: int, read_question_form: int, fmt: str, limit: int | None,
-               seed: int) -> Stats:
+               context_free: int, read_context_free: int, question_form: int, read_question_form: int,
+               misread_rate: float, fmt: str, limit: int | None, seed: int) -> Stats:
     t0 = time.perf_counter()
     streams: list[tuple[int | None, Callable[[], Iterator[Document]]]] = [
         (None, lambda: iter_documents(input_path, labels, limit))]
@@ -164,7 +168,7 @@ def _build_all(input_path: str, out: pathlib.Path, labels: Mapping[str, str], *,
                                                 q_thr=q_thr, max_queries=max_queries, filter_ambiguous=filter_ambiguous,
                                                 context_free=context_free, read_context_free=read_context_free,
                                                 question_form=question_form, read_question_form=read_question_form,
-                                                seed=seed):
+                                                misread_rate=misread_rate, seed=seed):
                     if variant is not None:
                         rec["variant"] = variant
                     writers[kind].write(rec)

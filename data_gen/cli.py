@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(the form of Table 3's edits)")
     b.add_argument("--read-question-form", type=int, default=0,
                    help="also N read examples per document of one triple asked as a question, read and answered")
+    b.add_argument("--misread-rate", type=float, default=0.0,
+                   help="replace this share of the read examples' query results by another entity the text named "
+                        "before the read (an imperfect memory, as the paper's training reads see)")
     b.add_argument("--format", choices=("jsonl", "arrayrecord"), default="jsonl")
     b.add_argument("--limit", type=int, default=None, help="only the first N documents")
     b.add_argument("--seed", type=int, default=0)
@@ -169,7 +172,8 @@ def _build(args) -> int:
                             filter_ambiguous=not args.no_ambiguous_filter, counterfactual=args.counterfactual,
                             context_free=args.context_free, read_context_free=args.read_context_free,
                             question_form=args.question_form,
-                            read_question_form=args.read_question_form, fmt=args.format, limit=args.limit, seed=args.seed)
+                            read_question_form=args.read_question_form, misread_rate=args.misread_rate,
+                            fmt=args.format, limit=args.limit, seed=args.seed)
     print(stats.report(f"examples from {args.input}"))
     return 0
 

@@ -24,6 +24,14 @@ states for them, then the answer, e.g. "Where was X born?({MEM_READ(X>>place of 
 Table 3 asks ZsRE questions with a read forced after the question mark; without them every read the model has
 made followed a declarative sentence.
 
+Imperfect results (`misread`, optional): the paper answers the training reads from the memory its trained
+memory-write model wrote (§3.3: "We intentionally use this imperfect memory because it aligns the training data
+with the ultimate inference conditions"), so the read model also sees results without the target and learns to
+predict the text after them. Writing every training document with the memory-write model costs more than
+training it on a CPU, so `misread` replaces each kept query's gold result, with a given probability, by one other
+entity the text has named before the read: a writer's typical error (a pair of the document's entities that the
+text does not relate).
+
 A triple becomes "seen" when both its entities have been mentioned (whether or not its query survives the
 filters). The pseudocode's line 18 read literally would mark triples seen before their query entity
 appears, so no query could ever be formed; this follows the text of §3.3 and the original code instead.
@@ -159,6 +167,34 @@ def scan_read_points(doc: Document, query_fn: QueryFn | None = None, q_thr: int 
     return points
 
 
+def misread(doc: Document, points: Sequence[ReadPoint], rate: float, seed: int = 0) -> int:
+    """Replace, with probability `rate` (seeded by `seed` and the document id), each kept query's result of
+    `points` by the name of one entity the text mentions before the read that is neither a target, nor named in the
+    query, nor among that result (module docstring); a query with no such entity keeps its result. Returns the
+    results replaced."""
+    if rate <= 0:
+        return 0
+    rng = random.Random(f"{seed}:{doc.doc_id}:misread")
+    mentions = [m for m in doc.mentions_in_order() if not m.is_pronoun]
+    replaced = 0
+    for pt in points:
+        targets = {m.entity for m in pt.targets}
+        for k, (query, result) in enumerate(zip(pt.queries, pt.results)):
+            if rng.random() >= rate:
+                continue
+            names: dict[int, str] = {}
+            for m in mentions:
+                if m.span[0] >= pt.pos:
+                    break
+                names.setdefault(m.entity, m.text)
+            others = sorted({n for e, n in names.items()
+                             if e not in targets and n not in result and n not in (query.subject, query.object)})
+            if others:
+                pt.results[k] = [rng.choice(others)]
+                replaced += 1
+    return replaced
+
+
 def read_records(doc: Document, points: Sequence[ReadPoint]) -> Iterator[dict]:
     """The training examples d' of one document (one per read point)."""
     text = doc.text
@@ -191,10 +227,11 @@ def iter_read_examples(doc: Document, query_fn: QueryFn | None, **kwargs) -> Ite
     yield from read_records(doc, scan_read_points(doc, query_fn, **kwargs))
 
 
-def context_free_records(doc: Document, query_fn: QueryFn | None, n: int, seed: int = 0, **kwargs) -> list[dict]:
+def context_free_records(doc: Document, query_fn: QueryFn | None, n: int, seed: int = 0, misread_rate: float = 0.0,
+                         **kwargs) -> list[dict]:
     """The read examples of up to `n` sentences after the first, each alone (`sentence_document`), drawn at random
     (seeded by `seed` and the document id) among those with a read; marked `"context_free": true`, `sent_id` set.
-    They end without EOS: the lone sentence is not the end of a document."""
+    They end without EOS: the lone sentence is not the end of a document. `misread_rate`: see `misread`."""
     if n <= 0:
         return []
     sentences = [(i, sentence_document(doc, i)) for i in range(1, len(doc.sentences))]
@@ -202,8 +239,9 @@ def context_free_records(doc: Document, query_fn: QueryFn | None, n: int, seed: 
     chosen = sorted(random.Random(f"{seed}:{doc.doc_id}").sample(lone, min(n, len(lone))), key=lambda c: c[0])
     out = []
     for i, sentence in chosen:
-        out += [{**rec, "sent_id": i, "eos": False, "context_free": True}
-                for rec in read_records(sentence, scan_read_points(sentence, query_fn, **kwargs))]
+        points = scan_read_points(sentence, query_fn, **kwargs)
+        misread(sentence, points, misread_rate, seed)
+        out += [{**rec, "sent_id": i, "eos": False, "context_free": True} for rec in read_records(sentence, points)]
     return out
 
 

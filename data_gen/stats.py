@@ -34,6 +34,8 @@ class Stats:
     queries_per_read: list = dataclasses.field(default_factory=list)
     results_per_query: list = dataclasses.field(default_factory=list)
     target_fallbacks: int = 0
+    misread_results: int = 0
+    """Query results of the documents' own reads replaced by a wrong entity (`read_examples.misread`)."""
     dropped_ambiguous: int = 0
     dropped_too_many: int = 0
     eval_records: int = 0
@@ -90,6 +92,7 @@ class Stats:
                 ("queries per read: mean / max", f"{_mean(qpr):.2f} / {max(qpr, default=0)}"),
                 ("results per query: mean / p95 / max", f"{_mean(rpq):.2f} / {_pct(rpq, .95):.1f} / {max(rpq, default=0)}"),
                 ("reads answered by the target (empty results)", f"{self.target_fallbacks}"),
+                ("query results replaced by a wrong entity (misread)", f"{self.misread_results}"),
                 ("queries dropped: ambiguous (Table 4) / > Q_thr", f"{self.dropped_ambiguous} / {self.dropped_too_many}"),
             ]
         if self.eval_records:

@@ -68,6 +68,11 @@ class PipelineConfig:
     """Extra memory-read training examples per training document: one of its triples asked as a question, the read
     of its subject and relation, the memory's answer and the object (`data_gen.read_examples.
     question_form_records`). Not in the paper's training data; Table 3 forces a read after each ZsRE question."""
+    read_misread_rate: float = 0.0
+    """Share of the memory-read training examples' query results replaced by another entity the text named before
+    the read (`data_gen.read_examples.misread`): the paper answers training reads from the imperfect memory its
+    memory-write model wrote, so the read model learns that a result may be wrong; 0 answers every read from the
+    gold triples."""
     vocab_size: int = 4096
     """Tokenizer vocabulary (byte-level BPE trained on the training documents). 4096 makes most of the synthetic
     world's name words single tokens, which the memory-write / memory-read models must copy."""
@@ -181,7 +186,7 @@ def _atomic_text(path: pathlib.Path, text: str) -> None:
 _DEPENDS = {
     "corpus": ("corpus", "eval_corpus", "synth_docs", "synth_seed", "heldout_world", "labels", "eval_docs",
                "outside_docs", "write_context_free", "read_context_free", "write_question_form",
-               "read_question_form"),
+               "read_question_form", "read_misread_rate"),
     "tokenizer": ("base_model", "vocab_size", "tokenizer_texts"),
     "pretrain": ("pretrain_config",),
     "mw": ("mw_config",),

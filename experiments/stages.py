@@ -75,7 +75,7 @@ def stage_corpus(self):
     st_train = build_all(str(data / "train.json"), str(data / "train"), labels, kinds={"write", "read", "lm"},
                          context_free=cfg.write_context_free, read_context_free=cfg.read_context_free,
                          question_form=cfg.write_question_form, read_question_form=cfg.read_question_form,
-                         seed=cfg.synth_seed)
+                         misread_rate=cfg.read_misread_rate, seed=cfg.synth_seed)
     self.say(f"  building eval records for {len(split['eval'])} held-out documents")
     build_all(str(data / "eval.json"), str(data / "eval"), labels, kinds={"eval", "write", "read"})
     from data_gen.overlap import heldout_overlap

@@ -7,7 +7,8 @@ import pytest
 from data_gen.docred import parse_document
 from data_gen.eval_examples import eval_record
 from data_gen.gold_memory import GoldLookup
-from data_gen.read_examples import context_free_records, iter_read_examples, question_form_records, scan_read_points
+from data_gen.read_examples import (context_free_records, iter_read_examples, misread, question_form_records, read_records,
+                                    scan_read_points)
 from data_gen.relation_questions import GENERIC_TEMPLATES, QUESTIONS_BY_PID
 from data_gen.relations import DEFAULT_REL_INFO, ambiguous_label_filter, is_ambiguous, load_relation_labels
 from data_gen.write_examples import (context_free_items, iter_write_examples, question_form_items,
@@ -218,6 +219,28 @@ def test_read_examples_golden(doc):
     full = "".join(s["text"] for s in recs[0]["segments"][:1]) + "".join(
         r["segments"][3]["text"] for r in recs)
     assert full == TEXT
+
+
+def test_misread_replaces_results_by_entities_named_before_the_read(doc, tmp_path):
+    """Every result replaced (rate 1) by an entity the text named before the read that is no target, not in the
+    query and not in the result; the first read has none (only its query's own entity precedes it) and keeps its
+    result. Rate 0 changes nothing; the build counts the replacements and writes the replaced results."""
+    from data_gen import build
+
+    memory = GoldLookup().add_documents([doc])
+    gold = scan_read_points(doc, memory)
+    assert misread(doc, gold, 0.0) == 0 and gold == scan_read_points(doc, memory)
+    points = scan_read_points(doc, memory)
+    assert misread(doc, points, 1.0, seed=3) == 3
+    assert [p.results for p in points] == [[["Tiziano Ferro"]], [["Alla Mia Età"]], [points[2].results[0], ["Latina"]]]
+    assert points[2].results[0][0] in ("Latina", "Tiziano Ferro")
+    recs = list(read_records(doc, points))
+    assert recs[1]["results"] == ["Alla Mia Età"] and recs[1]["segments"][2]["text"] == "Alla Mia Età})"
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps([RAW]))
+    stats = build.build_all(str(path), str(tmp_path / "out"), LABELS, kinds={"read"}, misread_rate=1.0, seed=3)
+    built = [json.loads(line) for line in (tmp_path / "out" / "read.jsonl").read_text().splitlines()]
+    assert stats.misread_results == 3 and [r["results"] for r in built] == [r["results"] for r in recs]
 
 
 def test_read_without_memory_falls_back_to_target_and_thresholds(doc):
