@@ -48,6 +48,20 @@ def test_executed_write_flops_by_hand():
     assert got == R.WriteFlops(prefill, decode)
 
 
+def test_executed_refill_flops_by_hand():
+    prompts, generated, stopped = [[1, 2, 3], [1, 2, 4, 5], [7]], [2, 1, 3], [True, False, False]
+    # steps 3, 1, 3; pool 2, refill at 1: prompts 0 and 1 run 1 step (prompt 1 stops), prompt 2 fills its row and
+    # with nothing pending the loop runs 3 more steps
+    assert R.refill_schedule([3, 1, 3], 2, 1) == [([0, 1], 1), ([2], 3)]
+    got = R.executed_refill_flops(HAND, prompts, generated, stopped, pool=2, max_new_tokens=8, refill_at=1,
+                                  share_prefixes=False)
+    # cache 64 slots; fills of 2 rows and 1 row (`refill.fill_sizes`), 8 tokens wide attending 8 slots; 4 steps of
+    # 2 rows
+    prefill = 2 * 8 * BODY + 2 * HEAD + 2 * 8 * 8 * PAIR + 8 * BODY + HEAD + 8 * 8 * PAIR
+    decode = 4 * (2 * (BODY + HEAD) + 2 * 64 * PAIR)
+    assert got == R.WriteFlops(prefill, decode)
+
+
 @pytest.mark.parametrize("share", [True, False])
 @pytest.mark.parametrize("batch", [1, 3, 8])
 def test_executed_is_at_least_useful(share, batch):
@@ -60,6 +74,9 @@ def test_executed_is_at_least_useful(share, batch):
     executed = R.executed_corpus_flops(HAND, prompts, generated, stopped, batch_size=batch, max_new_tokens=20,
                                        share_prefixes=share)
     assert executed.prefill >= useful.prefill and executed.decode >= useful.decode
+    refilled = R.executed_refill_flops(HAND, prompts, generated, stopped, pool=batch, max_new_tokens=20,
+                                       share_prefixes=share)
+    assert refilled.prefill >= useful.prefill and refilled.decode >= useful.decode
 
 
 # ------------------------------------------------------------------------------------------- against XLA
@@ -140,10 +157,13 @@ def test_write_bench_reports_of_roofline(capsys):
 
     assert main(["bench", "decode", "--allow-load", "--part", "write", "--d-model", "32", "--layers", "1",
                  "--sentences", "8", "--batch", "4", "--repeats", "1", "--matmul-sizes", "64"]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    out = capsys.readouterr().out
+    assert "refilled writes == sequential (tokens, and triples added): True" in out
+    lines = [line for line in out.splitlines() if line.startswith("|")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
-    assert header[-2:] == ["of roofline", "executed / ceiling"] and len(rows) == 5
+    assert header[-2:] == ["of roofline", "executed / ceiling"] and len(rows) == 7
+    assert any("refilled" in row[0] for row in rows)
     for row in rows:
         roof, executed = (float(re.fullmatch(r"([0-9.e+-]+)%", c).group(1)) / 100 for c in row[-2:])
         assert 0 < roof < 1.5 and roof <= executed, row

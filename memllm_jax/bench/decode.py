@@ -5,10 +5,11 @@
     batch 1 with a stopping criterion at `)-->` and at a new `({MEM_READ(`, re-encoding the whole context
     after every memory call. The torch model is built from our weights (`save_hf`), and both produce the
     same tokens (checked).
-(b) Memory writes, sentences/s: batched late-stopping decoding vs one sentence at a time, on documents
-    whose prompts share their pretext (8-sentence documents, default window) and on a sliding window; each
-    also as a fraction of the roofline: useful FLOPs / seconds / the matmul ceiling measured in the same run
-    (`bench.roofline`, `bench.ceiling`), and the FLOPs it executes (padding included) / the ceiling.
+(b) Memory writes, sentences/s: batched late-stopping decoding (consecutive batches, and a pool refilled as
+    its rows stop, `decode.refill`) vs one sentence at a time, on documents whose prompts share their pretext
+    (8-sentence documents, default window) and on a sliding window, each several times the batch; each also as
+    a fraction of the roofline: useful FLOPs / seconds / the matmul ceiling measured in the same run
+    (`bench.roofline`, `bench.ceiling`), and the FLOPs it executes (padding and idle rows included) / the ceiling.
 
 The weights are a real Mistral whose embedding / LM head are set so that greedy decoding follows a fixed
 word-level script with a memory read every ~20 tokens (attention and MLP are computed as usual; their
@@ -157,7 +158,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--sentences", type=int, default=32, help="sentences in the write benchmark")
+    parser.add_argument("--sentences", type=int, default=None,
+                        help="sentences in each write corpus (default 4 x --batch: refilling a pool needs more "
+                             "sentences than rows)")
     parser.add_argument("--part", choices=("all", "read", "write"), default="all")
     parser.add_argument("--reads", choices=("host", "in_loop", "both"), default="host",
                         help="how our read contenders serve memory reads: at loop exits by the host (default), from "
@@ -203,6 +206,7 @@ def main(args: argparse.Namespace) -> int:
 
     from memllm_jax.bench.timing import interleaved, markdown_table
     from memllm_jax.decode.reader import generate_with_memory
+    from memllm_jax.decode.refill import refill_writes
     from memllm_jax.decode.writer import decode_writes, iter_write_prompts, write_corpus, WriteDocument
     from memllm_jax.model.hf import save_hf
 
@@ -239,22 +243,29 @@ def main(args: argparse.Namespace) -> int:
     def sentence(i):
         return f"Ada was born in London in year {1800 + i}." + " more" * (i % 4)
 
-    n_docs = max(1, args.sentences // 8)
+    n_sentences = args.sentences or 4 * args.batch
+    n_docs = max(1, n_sentences // 8)
     docs = [WriteDocument.from_sentences(f"doc{k}", [sentence(8 * k + i) for i in range(8)]) for k in range(n_docs)]
     n_doc_sents = 8 * n_docs
-    sliding = WriteDocument.from_sentences("d", [sentence(i) for i in range(args.sentences)])
+    sliding = WriteDocument.from_sentences("d", [sentence(i) for i in range(n_sentences)])
     write_prompts = [ids for _, ids in iter_write_prompts(sliding, tok, pretext_sentences=2)]
 
-    def corpus(batch, share=True, key=None):
+    def corpus(batch, share=True, key=None, refill=False):
         def run():
             mem = ListMemory()
-            write_corpus(model, tok, mem, docs, batch_size=batch, max_new_tokens=WRITE_NEW_TOKENS, share_prefixes=share)
+            write_corpus(model, tok, mem, docs, batch_size=batch, max_new_tokens=WRITE_NEW_TOKENS, share_prefixes=share,
+                         refill=refill)
             counts[key] = mem.added
         return run
 
-    def writes_batched():
-        counts["w_batched"] = decode_writes(model, tok, write_prompts, max_new_tokens=WRITE_NEW_TOKENS,
-                                            pad_to=args.batch)
+    def writes_batched():  # consecutive batches of --batch prompts
+        counts["w_batched"] = [o for s in range(0, len(write_prompts), args.batch)
+                               for o in decode_writes(model, tok, write_prompts[s:s + args.batch],
+                                                      max_new_tokens=WRITE_NEW_TOKENS, pad_to=args.batch)]
+
+    def writes_refilled():
+        counts["w_refilled"] = refill_writes(model, tok, write_prompts, pool=args.batch,
+                                             max_new_tokens=WRITE_NEW_TOKENS)
 
     def writes_sequential():
         counts["w_seq"] = [decode_writes(model, tok, [p], max_new_tokens=WRITE_NEW_TOKENS)[0] for p in write_prompts]
@@ -286,8 +297,10 @@ def main(args: argparse.Namespace) -> int:
     ceil = ceiling.measure(ceiling.model_dtypes(model.cfg),
                            [int(x) for x in args.matmul_sizes.split(",")])
     w = interleaved({"docs batched": corpus(args.batch, True, "d_b"), "docs batched, no sharing": corpus(args.batch, False, "d_bn"),
-                     "docs sequential": corpus(1, True, "d_s"),
-                     "writes batched": writes_batched, "writes sequential": writes_sequential}, repeats=args.repeats)
+                     "docs batched, refilled": corpus(args.batch, True, "d_r", refill=True),
+                     "docs sequential": corpus(1, True, "d_s"), "writes batched": writes_batched,
+                     "writes batched, refilled": writes_refilled, "writes sequential": writes_sequential},
+                    repeats=args.repeats)
 
     doc_prompts = [ids for d in docs for _, ids in iter_write_prompts(d, tok)]
     doc_outs = [decode_writes(model, tok, [p], max_new_tokens=WRITE_NEW_TOKENS)[0] for p in doc_prompts]
@@ -300,8 +313,9 @@ def main(args: argparse.Namespace) -> int:
         return [of_ceiling(name, useful[corpus_name]), of_ceiling(name, executed[name])]
 
     for label, n, (seq, *others) in (
-            ("documents", n_doc_sents, ("docs sequential", "docs batched, no sharing", "docs batched")),
-            ("sliding", len(write_prompts), ("writes sequential", "writes batched"))):
+            ("documents", n_doc_sents, ("docs sequential", "docs batched, no sharing", "docs batched",
+                                        "docs batched, refilled")),
+            ("sliding", len(write_prompts), ("writes sequential", "writes batched", "writes batched, refilled"))):
         ws = n / w[seq].median
         rows.append([f"write {label}: one sentence at a time", f"{ws:,.1f} sentences/s", f"±{w[seq].spread:.0%}",
                      "1.0x", *roof(seq, label)])
@@ -310,17 +324,19 @@ def main(args: argparse.Namespace) -> int:
             desc = name.replace("docs ", "").replace("writes ", "").replace("batched", f"batched ({args.batch})")
             rows.append([f"write {label}: {desc}", f"{wb:,.1f} sentences/s", f"±{w[name].spread:.0%}",
                          f"{wb / ws:.1f}x", *roof(name, label)])
-    same_w = ([o["ids"] for o in counts["w_batched"]] == [o["ids"] for o in counts["w_seq"]]
-              and counts["d_b"] == counts["d_s"] == counts["d_bn"] and bool(counts["d_s"]))
+    same_w = ([o["ids"] for o in counts["w_batched"]] == [o["ids"] for o in counts["w_refilled"]]
+              == [o["ids"] for o in counts["w_seq"]]
+              and counts["d_b"] == counts["d_s"] == counts["d_bn"] == counts["d_r"] and bool(counts["d_s"]))
     prompt_lens = [len(ids) for ids in doc_prompts]
     notes.append(f"write corpora: documents = {n_docs} x 8 sentences, pretext window 10, prompts "
                  f"{min(prompt_lens)}-{max(prompt_lens)} tokens; sliding = 1 x {len(write_prompts)} sentences, "
                  f"pretext window 2, prompts {min(map(len, write_prompts))}-{max(map(len, write_prompts))} tokens")
-    notes.append(f"batched writes == sequential (tokens, and triples added): {same_w}; "
+    notes.append(f"batched and refilled writes == sequential (tokens, and triples added): {same_w}; "
                  f"mean write cut points: {np.mean([o['n_cuts'] for o in counts['w_batched']]):.1f}")
     notes.append(f"write roofline: {ceil.describe()}; useful GFLOP (prefill + decode): " + ", ".join(
         f"{k} {f.prefill / 1e9:.3g} + {f.decode / 1e9:.3g}" for k, f in useful.items())
-        + "; of roofline = useful FLOP/s / ceiling; executed = FLOPs computed, padding included (bench.roofline)")
+        + "; of roofline = useful FLOP/s / ceiling; executed = FLOPs computed, padding and idle rows included "
+        "(bench.roofline)")
     print("\n".join(notes))
     header = ["contender", "throughput", "spread", "vs baseline", "of roofline", "executed / ceiling"]
     print(markdown_table(header, [r + ["-"] * (len(header) - len(r)) for r in rows]))
@@ -328,8 +344,9 @@ def main(args: argparse.Namespace) -> int:
 
 
 def write_flops(cfg, batch: int, doc_prompts, doc_outs, sliding_prompts, sliding_outs):
-    """Useful FLOPs of each write corpus, and executed FLOPs of each write contender (`bench.roofline`), from the
-    prompts and each prompt's one-at-a-time outputs (the same tokens as batched, checked by the bench)."""
+    """Useful FLOPs of each write corpus, and executed FLOPs of each write contender (`bench.roofline`; refilled
+    pools at the default `refill_at`), from the prompts and each prompt's one-at-a-time outputs (the same tokens as
+    batched, checked by the bench)."""
     from memllm_jax.bench import roofline as R
     from memllm_jax.decode.state import STATUS_NAMES, STOPPED
 
@@ -342,8 +359,10 @@ def write_flops(cfg, batch: int, doc_prompts, doc_outs, sliding_prompts, sliding
     executed = {
         "docs batched": R.executed_corpus_flops(cfg, *docs, batch_size=batch, **kw),
         "docs batched, no sharing": R.executed_corpus_flops(cfg, *docs, batch_size=batch, share_prefixes=False, **kw),
+        "docs batched, refilled": R.executed_refill_flops(cfg, *docs, pool=batch, **kw),
         "docs sequential": R.executed_corpus_flops(cfg, *docs, batch_size=1, **kw),
-        "writes batched": R.executed_write_flops(cfg, *sliding, pad_to=batch, **kw),
+        "writes batched": R.executed_corpus_flops(cfg, *sliding, batch_size=batch, **kw),
+        "writes batched, refilled": R.executed_refill_flops(cfg, *sliding, pool=batch, **kw),
         "writes sequential": R.executed_corpus_flops(cfg, *sliding, batch_size=1, **kw),
     }
     return useful, executed

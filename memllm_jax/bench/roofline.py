@@ -26,6 +26,10 @@ Executed FLOPs, what the write path computes (it pads, so executed >= useful):
   a decode step runs all B rows (batch padding and finished rows too) over the whole cache of S slots, with the
       one-token attention's block-diagonal query (K times the head-by-head multiply-adds, `mistral.Attention`):
       B (n_layers (2P + 4NHK S) + 2DV); the loop runs max_i(g_i + [row i stopped at a cut]) steps.
+  refilled (`decode.refill`): a pool of B rows over the whole stream (S fits its longest prompt); row i runs
+      g_i + [stopped at a cut] steps; before each loop call the host prefills the new prompts in batches of
+      power-of-two rows (`refill.fill_sizes`, shared prefixes as above) and the call runs until enough rows
+      stopped (`refill_schedule`), every step over all B rows.
 """
 
 from __future__ import annotations
@@ -199,3 +203,53 @@ def executed_corpus_flops(cfg, prompts: Sequence[Sequence[int]], generated: Sequ
         total += executed_write_flops(cfg, prompts[part], generated[part], stopped[part], max_new_tokens=max_new_tokens,
                                       pad_to=batch_size, share_prefixes=share_prefixes)
     return total
+
+
+def refill_schedule(steps: Sequence[int], pool: int, refill_at: int) -> list[tuple[list[int], int]]:
+    """The loop calls of `decode.refill.iter_refill_writes` for prompts that run `steps[i]` steps each: per call,
+    the prompts filled before it and the steps it runs (what its `trace` records)."""
+    from memllm_jax.decode.refill import exit_at
+
+    held, left, pending, calls = [-1] * pool, [0] * pool, 0, []
+    while True:
+        free = [b for b in range(pool) if held[b] < 0]
+        new = list(range(pending, min(len(steps), pending + len(free))))
+        for b, i in zip(free, new):
+            held[b], left[b] = i, int(steps[i])
+        pending += len(new)
+        running = [b for b in range(pool) if held[b] >= 0]
+        if not running:
+            return calls
+        must_stop = exit_at(pool, len(running), len(steps) - pending, refill_at) - (pool - len(running))
+        run = sorted(left[b] for b in running)[min(must_stop, len(running)) - 1]
+        calls.append((new, run))
+        for b in running:
+            left[b] -= run
+            if left[b] <= 0:
+                held[b] = -1
+
+
+def executed_refill_flops(cfg, prompts: Sequence[Sequence[int]], generated: Sequence[int], stopped: Sequence[bool], *,
+                          pool: int, max_new_tokens: int, refill_at: int | None = None,
+                          share_prefixes: bool = True) -> WriteFlops:
+    """FLOPs `decode.refill.refill_writes(prompts, pool=..., refill_at=...)` executes (module docstring)."""
+    from memllm_jax.decode.refill import default_refill_at, fill_sizes
+    from memllm_jax.decode.writer import cache_slots
+
+    if not prompts:
+        return WriteFlops(0.0, 0.0)
+    refill_at = default_refill_at(pool) if refill_at is None else refill_at
+    max_len = cache_slots(max(len(p) for p in prompts), max_new_tokens)
+    steps = [int(g) + bool(s) for g, s in zip(generated, stopped)]
+    prefill = decode = 0.0
+    for new, run in refill_schedule(steps, pool, refill_at):
+        start = 0
+        for K in fill_sizes(len(new)):
+            rows = [list(prompts[i]) for i in new[start:start + K]]
+            start += K
+            if share_prefixes:
+                prefill += _shared_prefill_flops(cfg, rows, K, max_len)
+            else:
+                prefill += _prefill_flops(cfg, np.zeros(K, np.int64), [len(r) for r in rows], max_len)
+        decode += run * decode_step_flops(cfg, pool, max_len)
+    return WriteFlops(prefill, decode)

@@ -1,6 +1,7 @@
 """Memory writes (paper §3.2, Appendix A): each sentence of a document becomes the focus sentence of a
 write prompt with a bounded pretext; the model's write call is decoded with late stopping, batched across
-sentences and documents, parsed, and added to the memory with provenance `doc_id/sentence_index`.
+sentences and documents (in consecutive batches, or in a pool refilled as its rows stop: `refill`), parsed, and
+added to the memory with provenance `doc_id/sentence_index`.
 
 Late stopping: greedy, except that when the closing token `})` is the top choice, the position is recorded
 as a cut point with score = average log-probability of the body so far plus that closing token, and the
@@ -26,10 +27,11 @@ from typing import Any, Collection, Iterable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from memllm_jax import protocol
 from memllm_jax.decode import item_bans, state as st
-from memllm_jax.decode.loop import _layered, _stacked, cache_factory, host, merge, prefill, split_model, vocab_size
+from memllm_jax.decode.loop import _layered, _stacked, cache_factory, merge, prefill, split_model, vocab_size
 from memllm_jax.decode.prefix import prefill_shared
 
 PATIENCE = 5
@@ -137,19 +139,69 @@ def write_loop(graphdef, params, s: st.WriteState, spec: WriteSpec) -> st.WriteS
     return s.replace(cache=_stacked(s.cache))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
-def _start_and_loop(graphdef, params, cache, logits_BxV, n_active, spec: WriteSpec) -> st.WriteState:
-    """The initial `WriteState` (rows from `n_active` on are batch padding, IDLE) and `write_loop`, in one
-    dispatch (building the state on the host costs a transfer per field)."""
+def initial_state(cache, logits_BxV: jax.Array, n_active, spec: WriteSpec) -> st.WriteState:
+    """The `WriteState` of freshly prefilled rows: rows from `n_active` on are batch padding (IDLE). Every per-row
+    field starts here, so a row refilled with this state (`refill`) keeps nothing of the call it replaces."""
     B = logits_BxV.shape[0]
-    s = st.WriteState(
+    return st.WriteState(
         cache=cache, logits_BxV=logits_BxV, out_BxT=jnp.zeros((B, spec.max_new_tokens), jnp.int32),
         logp_BxT=jnp.zeros((B, spec.max_new_tokens)),
         n_out_B=jnp.zeros(B, jnp.int32), status_B=jnp.where(jnp.arange(B) < n_active, st.RUNNING, st.IDLE),
         sum_logp_B=jnp.zeros(B), best_score_B=jnp.full(B, -jnp.inf), best_cut_B=jnp.full(B, -1, jnp.int32),
         n_cuts_B=jnp.zeros(B, jnp.int32), no_improve_B=jnp.zeros(B, jnp.int32),
         bans=None if spec.bans is None else item_bans.init_bans(cache.lengths_B, spec.bans.max_bans))
-    return write_loop(graphdef, params, s, spec)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
+def _start_and_loop(graphdef, params, cache, logits_BxV, n_active, spec: WriteSpec) -> st.WriteState:
+    """`initial_state` and `write_loop` in one dispatch (building the state on the host costs a transfer per
+    field)."""
+    return write_loop(graphdef, params, initial_state(cache, logits_BxV, n_active, spec), spec)
+
+
+def cache_slots(longest_prompt: int, max_new_tokens: int) -> int:
+    """Cache length for prompts of up to `longest_prompt` tokens and their calls, rounded up to a multiple of 64
+    (few distinct cache sizes, so few compiles)."""
+    return -(-(longest_prompt + max_new_tokens + 1) // 64) * 64
+
+
+def write_spec(tokenizer, max_new_tokens: int, max_len: int, *, late_stopping: bool = True, patience: int = PATIENCE,
+               stop_repeats: bool = False, bans: item_bans.BanSpec | None = None) -> WriteSpec:
+    return WriteSpec(max_new_tokens=max_new_tokens, close_id=tokenizer.marker_id[protocol.CALL_END],
+                     eos_id=tokenizer.eos_id, max_len=max_len, patience=patience, late_stopping=late_stopping,
+                     stop_repeats=stop_repeats, bans=bans)
+
+
+def prefill_prompts(graphdef, params, make_cache, max_len: int, vocab: int, rows: Sequence[Sequence[int]],
+                    n_active: int, share_prefixes: bool):
+    """A cache of `len(rows)` rows holding the prompts `rows[:n_active]` (later rows empty), and each row's
+    next-token logits; `share_prefixes`: through `prefix.prefill_shared`."""
+    if share_prefixes:
+        return prefill_shared(graphdef, params, make_cache, max_len, vocab, rows, n_active=n_active)
+    B = len(rows)
+    return prefill(graphdef, params, make_cache(B, max_len), jnp.zeros((B, vocab)),
+                   [r if b < n_active else [] for b, r in enumerate(rows)])
+
+
+def host_rows(s: st.WriteState) -> tuple[np.ndarray, ...]:
+    """The fields a row's result is read from (`row_results`), fetched in one device-to-host transfer."""
+    return tuple(np.asarray(x) for x in jax.device_get((s.out_BxT, s.logp_BxT, s.n_out_B, s.best_cut_B,
+                                                         s.best_score_B, s.n_cuts_B, s.status_B)))
+
+
+def row_results(tokenizer, spec: WriteSpec, fields: tuple[np.ndarray, ...], rows: Iterable[int]) -> list[dict]:
+    """The results of rows `rows`, from `host_rows` of the final state."""
+    out, logp, n, cut, score, n_cuts, status = fields
+    mem_write = tokenizer.marker_id[protocol.MEM_WRITE]
+    results = []
+    for b in rows:
+        n_body = cut[b] if cut[b] >= 0 else n[b]
+        body = out[b, :n_body].tolist()
+        text = tokenizer.decode([mem_write] + body + ([spec.close_id] if cut[b] >= 0 else []))
+        results.append({"ids": body, "logps": logp[b, :n_body].tolist(), "text": text, "cut": int(cut[b]),
+                        "score": float(score[b]), "n_cuts": int(n_cuts[b]), "n_generated": int(n[b]),
+                        "stop": st.STATUS_NAMES[int(status[b])]})
+    return results
 
 
 def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int = 128,
@@ -161,37 +213,21 @@ def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_
 
     `share_prefixes`: prompts sharing a token prefix (one document's pretext) prefill it once
     (`prefix.prefill_shared`). `split`: `split_model(model)` when the caller already has it. `stop_repeats`: a row
-    whose call loops stops once it has repeated itself (module docstring; stop reason "repeat")."""
+    whose call loops stops once it has repeated itself (module docstring; stop reason "repeat"). A stream of more
+    prompts than one batch: `refill.refill_writes`."""
     B = len(prompt_ids)
     if B == 0:
         return []
     graphdef, params = split_model(model) if split is None else split
     rows = [list(p) for p in prompt_ids] + [[tokenizer.bos_id]] * max(0, (pad_to or B) - B)
-    Bp = len(rows)
-    max_len = -(-(max(len(p) for p in rows) + max_new_tokens + 1) // 64) * 64  # few distinct cache sizes
+    max_len = cache_slots(max(len(p) for p in rows), max_new_tokens)
     make_cache = cache_factory(model) if make_cache is None else make_cache
-    V = vocab_size(model, tokenizer)
-    if share_prefixes:
-        cache, logits = prefill_shared(graphdef, params, make_cache, max_len, V, rows, n_active=B)
-    else:
-        cache, logits = prefill(graphdef, params, make_cache(Bp, max_len), jnp.zeros((Bp, V)),
-                                [r if b < B else [] for b, r in enumerate(rows)])
-    spec = WriteSpec(max_new_tokens=max_new_tokens, close_id=tokenizer.marker_id[protocol.CALL_END],
-                     eos_id=tokenizer.eos_id, max_len=max_len, patience=patience, late_stopping=late_stopping,
-                     stop_repeats=stop_repeats, bans=bans)
+    cache, logits = prefill_prompts(graphdef, params, make_cache, max_len, vocab_size(model, tokenizer), rows, B,
+                                    share_prefixes)
+    spec = write_spec(tokenizer, max_new_tokens, max_len, late_stopping=late_stopping, patience=patience,
+                      stop_repeats=stop_repeats, bans=bans)
     s = _start_and_loop(graphdef, params, cache, logits, jnp.int32(B), spec)
-    out, logp, n, cut, score, n_cuts, status = map(host, (s.out_BxT, s.logp_BxT, s.n_out_B, s.best_cut_B,
-                                                           s.best_score_B, s.n_cuts_B, s.status_B))
-    mem_write = tokenizer.marker_id[protocol.MEM_WRITE]
-    results = []
-    for b in range(B):
-        n_body = cut[b] if cut[b] >= 0 else n[b]
-        body = out[b, :n_body].tolist()
-        text = tokenizer.decode([mem_write] + body + ([spec.close_id] if cut[b] >= 0 else []))
-        results.append({"ids": body, "logps": logp[b, :n_body].tolist(), "text": text, "cut": int(cut[b]),
-                        "score": float(score[b]), "n_cuts": int(n_cuts[b]), "n_generated": int(n[b]),
-                        "stop": st.STATUS_NAMES[int(status[b])]})
-    return results
+    return row_results(tokenizer, spec, host_rows(s), range(B))
 
 
 def item_confidences(tokenizer, body_ids: Sequence[int], logps: Sequence[float]) -> dict[protocol.Triple, float]:
@@ -351,18 +387,91 @@ def check_written(items: list[protocol.Triple], out: dict, tokenizer, text: tupl
     return CheckedWrite(items, ungrounded, unconfident, confidences)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Sentence:
+    """One write prompt of a corpus."""
+    doc_id: str
+    source: str
+    """Provenance `doc_id/sentence_index`."""
+    ids: list[int]
+    text: tuple[str, str]
+    """(the document up to the focus sentence, the focus sentence), for the grounding check."""
+
+
+def _corpus_prompts(documents: Iterable[Any], tokenizer, pretext_sentences: int,
+                    max_prompt_tokens: int) -> Iterator[tuple[str, list[_Sentence]]]:
+    for k, raw in enumerate(documents):
+        doc = as_write_document(raw, k)
+        yield doc.doc_id, [_Sentence(doc.doc_id, src, ids, _focus_text(doc, src))
+                           for src, ids in iter_write_prompts(doc, tokenizer, pretext_sentences, max_prompt_tokens)]
+
+
+@dataclasses.dataclass
+class _Book:
+    """Adds decoded calls to the memory and the statistics, sentence by sentence, and tells when a document is
+    done."""
+    memory: Any
+    tokenizer: Any
+    grounded: bool
+    relations: Collection[str] | None
+    min_confidence: float | None
+    on_batch: Any
+    stats: WriteStats = dataclasses.field(default_factory=WriteStats)
+    remaining: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def begin(self, doc_id: str, n_sentences: int) -> None:
+        """A document with `n_sentences` prompts to come (none: it is done now)."""
+        if n_sentences:
+            self.remaining[doc_id] = self.remaining.get(doc_id, 0) + n_sentences
+            return
+        self.stats.documents += 1
+        self.report([doc_id])
+
+    def report(self, finished: list[str]) -> None:
+        if self.on_batch is not None:
+            self.on_batch(self.stats, finished)
+
+    def record(self, sentence: _Sentence, out: dict) -> str | None:
+        """Add one sentence's call; returns its document's id if that was the document's last sentence."""
+        stats = self.stats
+        stats.sentences += 1
+        stats.tokens += out["n_generated"]
+        parsed = protocol.parse_write_call(out["text"])  # an unclosed call keeps its items closed by `;`
+        stats.no_cut += out["cut"] < 0
+        stats.repeats += out["stop"] == "repeat"
+        stats.malformed += sum(not e.startswith(protocol.TRUNCATION_NOTES) for e in parsed.errors)
+        checked = check_written(list(parsed.items), out, self.tokenizer, sentence.text if self.grounded else None,
+                                self.relations, self.min_confidence)
+        stats.ungrounded += checked.ungrounded
+        stats.unconfident += checked.unconfident
+        stats.scored += [(sentence.source, t, c) for t, c in checked.confidences]
+        stats.written += [(sentence.source, t, fate) for fate, triples in zip(FATES, (
+            checked.kept, checked.ungrounded, checked.unconfident)) for t in triples]
+        if checked.kept:
+            stats.triples += _add_untrusted(self.memory, checked.kept, sentence.source)
+        self.remaining[sentence.doc_id] -= 1
+        if self.remaining[sentence.doc_id]:
+            return None
+        del self.remaining[sentence.doc_id]
+        stats.documents += 1
+        return sentence.doc_id
+
+
 def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_size: int = 16,
                  max_new_tokens: int = 128, pretext_sentences: int = 10, max_prompt_tokens: int = 384,
                  late_stopping: bool = True, patience: int = PATIENCE, make_cache=None,
                  on_batch=None, share_prefixes: bool = True, grounded: bool = False,
                  relations: Collection[str] | None = None, min_confidence: float | None = None,
-                 stop_repeats: bool = False, ban_repeats: int = 0) -> WriteStats:
-    """Extract triples from every sentence of `documents` and add them to `memory`.
+                 stop_repeats: bool = False, ban_repeats: int = 0, refill: bool = False) -> WriteStats:
+    """Extract triples from every sentence of `documents` and add them to `memory`, sentence by sentence in
+    corpus order.
 
-    Batches mix sentences of consecutive documents; the prompts of one document share their pretext, which
-    is prefilled once per batch (`share_prefixes`). `on_batch(stats, finished_doc_ids)` runs after every
-    batch (progress bars, checkpoints for resuming): `finished_doc_ids` are the documents all of whose
-    sentences are now in the memory.
+    `refill=False`: consecutive batches of `batch_size` sentences, mixing consecutive documents; the prompts of
+    one document share their pretext, which is prefilled once per batch (`share_prefixes`). `on_batch(stats,
+    finished_doc_ids)` runs after every batch (progress bars, checkpoints for resuming): `finished_doc_ids` are
+    the documents all of whose sentences are now in the memory. `refill=True`: a pool of `batch_size` rows that
+    takes the next sentences as its rows finish (`refill.iter_refill_writes`; the same calls), and `on_batch`
+    runs after every exit of its loop. A document with no sentence is reported as soon as it is read.
 
     `grounded`: keep only the triples that pass `is_grounded` (names copied from the text, a known relation
     among `relations` if given); the others are counted in `WriteStats.ungrounded`, not written.
@@ -372,57 +481,50 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
     `ban_repeats` > 0: a call never writes an item twice; it takes its next choice instead, at most that many
     times (`item_bans`; a row out of bans stops and is counted in `WriteStats.repeats`).
     """
-    stats = WriteStats()
+    book = _Book(memory, tokenizer, grounded, relations, min_confidence, on_batch)
     bans = item_bans.ban_spec(tokenizer, ban_repeats) if ban_repeats > 0 else None
-    split = split_model(model)
-    pending: list[tuple[str, str, list[int], tuple[str, str]]] = []  # doc id, provenance, prompt, (context, sentence)
-    remaining: dict[str, int] = {}
+    decode = dict(max_new_tokens=max_new_tokens, late_stopping=late_stopping, patience=patience,
+                  make_cache=make_cache, share_prefixes=share_prefixes, split=split_model(model),
+                  stop_repeats=stop_repeats, bans=bans)
+    documents = _corpus_prompts(documents, tokenizer, pretext_sentences, max_prompt_tokens)
+    (_write_refilled if refill else _write_batched)(model, tokenizer, book, documents, batch_size, decode)
+    return book.stats
+
+
+def _write_batched(model, tokenizer, book: _Book, documents, batch_size: int, decode: dict) -> None:
+    pending: list[_Sentence] = []
 
     def flush(final: bool) -> None:
         while pending and (final or len(pending) >= batch_size):
             batch, pending[:] = pending[:batch_size], pending[batch_size:]
-            outs = decode_writes(model, tokenizer, [p for _, _, p, _ in batch], max_new_tokens=max_new_tokens,
-                                 late_stopping=late_stopping, patience=patience, make_cache=make_cache,
-                                 pad_to=batch_size, share_prefixes=share_prefixes, split=split,
-                                 stop_repeats=stop_repeats, bans=bans)
-            finished = []
-            for (doc_id, source, _, text), out in zip(batch, outs):
-                stats.sentences += 1
-                stats.tokens += out["n_generated"]
-                parsed = protocol.parse_write_call(out["text"])  # an unclosed call keeps its items closed by `;`
-                stats.no_cut += out["cut"] < 0
-                stats.repeats += out["stop"] == "repeat"
-                stats.malformed += sum(not e.startswith(protocol.TRUNCATION_NOTES) for e in parsed.errors)
-                checked = check_written(list(parsed.items), out, tokenizer, text if grounded else None, relations,
-                                        min_confidence)
-                stats.ungrounded += checked.ungrounded
-                stats.unconfident += checked.unconfident
-                stats.scored += [(source, t, c) for t, c in checked.confidences]
-                stats.written += [(source, t, fate) for fate, triples in zip(FATES, (
-                    checked.kept, checked.ungrounded, checked.unconfident)) for t in triples]
-                if checked.kept:
-                    stats.triples += _add_untrusted(memory, checked.kept, source)
-                remaining[doc_id] -= 1
-                if remaining[doc_id] == 0:
-                    finished.append(doc_id)
-                    del remaining[doc_id]
-                    stats.documents += 1
-            if on_batch is not None:
-                on_batch(stats, finished)
+            outs = decode_writes(model, tokenizer, [p.ids for p in batch], pad_to=batch_size, **decode)
+            book.report([d for d in (book.record(p, out) for p, out in zip(batch, outs)) if d is not None])
 
-    for k, raw in enumerate(documents):
-        doc = as_write_document(raw, k)
-        prompts = list(iter_write_prompts(doc, tokenizer, pretext_sentences, max_prompt_tokens))
-        if not prompts:
-            stats.documents += 1
-            if on_batch is not None:
-                on_batch(stats, [doc.doc_id])
-            continue
-        remaining[doc.doc_id] = remaining.get(doc.doc_id, 0) + len(prompts)
-        pending += [(doc.doc_id, src, ids, _focus_text(doc, src)) for src, ids in prompts]
+    for doc_id, sentences in documents:
+        book.begin(doc_id, len(sentences))
+        pending += sentences
         flush(False)
     flush(True)
-    return stats
+
+
+def _write_refilled(model, tokenizer, book: _Book, documents, batch_size: int, decode: dict) -> None:
+    """The whole corpus's prompts are read first (the pool's cache fits the longest); calls finish out of order
+    and are recorded in corpus order, so the memory is the one `_write_batched` gives."""
+    from memllm_jax.decode.refill import iter_refill_writes
+
+    sentences: list[_Sentence] = []
+    for doc_id, doc_sentences in documents:
+        book.begin(doc_id, len(doc_sentences))
+        sentences += doc_sentences
+    outs: dict[int, dict] = {}
+    recorded = 0
+    for finished in iter_refill_writes(model, tokenizer, [p.ids for p in sentences], pool=batch_size, **decode):
+        outs.update(finished)
+        done = []
+        while recorded in outs:
+            done.append(book.record(sentences[recorded], outs.pop(recorded)))
+            recorded += 1
+        book.report([d for d in done if d is not None])
 
 
 def write_scored(memory, scored: Sequence[tuple[str, protocol.Triple, float]], min_confidence: float | None) -> int:
