@@ -62,6 +62,11 @@ class ModelConfig:
     attention on NVIDIA GPUs; bf16 / fp16 only) or "auto" (JAX picks), or "splash" (the Pallas splash-attention
     kernel, TPU only; cache-free forwards, a KV cache takes "einsum"; "splash_interpret" runs it in Pallas
     interpret mode on any backend, for tests). Decode steps keep their own path."""
+    attention_block: int = 64
+    """Cache-free "einsum" attention (training, perplexity forwards) in query blocks of this many tokens, each
+    against the keys up to its own end: the scores above the causal diagonal, masked anyway, are not computed
+    (with 8 blocks, 9/16 of the full products). 1.6-1.8x faster attention forward + backward on CPU at 256-512
+    tokens. Assumes what every cache-free caller gives: positions that increase along each segment. 0: one block."""
     scan_layers: bool = True
     """Stack the blocks' parameters on a leading "layers" axis and run them with `jax.lax.scan`: one block is
     compiled (compile time independent of depth) and only one layer's gathered weights are live at a time.
@@ -74,7 +79,7 @@ class ModelConfig:
 
 
 MODEL_LAYOUT_FIELDS = ("param_dtype", "compute_dtype", "matmul_dtype", "remat", "remat_policy", "scan_layers",
-                       "max_seq_len")
+                       "max_seq_len", "attention_block")
 """The `ModelConfig` fields that choose how a model runs rather than what it computes: they are carried over
 when a model is rebuilt from stored weights (an HF / GGUF base under a checkpoint, a training run's base)."""
 

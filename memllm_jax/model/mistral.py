@@ -164,6 +164,38 @@ ATTENTION_IMPLEMENTATIONS = {"einsum": "einsum", "xla": "xla", "cudnn": "cudnn",
 "splash", "splash_interpret": the Pallas kernel of `memllm_jax/model/splash.py`)."""
 
 
+def grouped_attention(q_BxLxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxLxS, n_kv: int) -> jax.Array:
+    """Softmax attention as canonical batched matmuls over (B, K) with the G query heads of a kv head folded into
+    the rows (M = G * L): no repeated K/V, and XLA's CPU matmuls run ~2x faster than on 5-D einsums. Scores and
+    softmax in float32; the output has the query's dtype."""
+    B, L, N, H = q_BxLxNxH.shape
+    K, G, S = n_kv, N // n_kv, k_BxSxKxH.shape[1]
+    q_BxKxMxH = (q_BxLxNxH * jnp.asarray(H**-0.5, q_BxLxNxH.dtype)).reshape(B, L, K, G, H)
+    q_BxKxMxH = q_BxKxMxH.transpose(0, 2, 3, 1, 4).reshape(B, K, G * L, H)
+    k_BxKxSxH = k_BxSxKxH.astype(q_BxKxMxH.dtype).transpose(0, 2, 1, 3)
+    v_BxKxSxH = v_BxSxKxH.astype(q_BxKxMxH.dtype).transpose(0, 2, 1, 3)
+    scores = jnp.einsum("BKMH,BKSH->BKMS", q_BxKxMxH, k_BxKxSxH, preferred_element_type=jnp.float32)
+    scores_BxKxGxLxS = jnp.where(mask_BxLxS[:, None, None], scores.reshape(B, K, G, L, S), NEG_INF)
+    probs_BxKxMxS = jax.nn.softmax(scores_BxKxGxLxS, axis=-1).astype(v_BxKxSxH.dtype).reshape(B, K, G * L, S)
+    out_BxKxMxH = jnp.einsum("BKMS,BKSH->BKMH", probs_BxKxMxS, v_BxKxSxH)
+    return out_BxKxMxH.reshape(B, K, G, L, H).transpose(0, 3, 1, 2, 4).reshape(B, L, K * G, H)
+
+
+def causal_blocks(q_BxLxNxH, k_BxLxKxH, v_BxLxKxH, mask_BxLxL, block: int, n_kv: int) -> jax.Array:
+    """`grouped_attention` of a cache-free forward (keys = the queries' own tokens), one block of `block` queries
+    at a time against the keys up to the block's end. The skipped scores lie above the diagonal, where a key
+    comes after its query: the causal mask drops them whenever positions increase along each segment (packed
+    segments restart at 0, and the segment mask drops every pair across them). With n blocks the products cover
+    (n + 1) / 2n of the full square."""
+    L = q_BxLxNxH.shape[1]
+    outs = []
+    for start in range(0, L, block):
+        end = min(start + block, L)
+        outs.append(grouped_attention(q_BxLxNxH[:, start:end], k_BxLxKxH[:, :end], v_BxLxKxH[:, :end],
+                                      mask_BxLxL[:, start:end, :end], n_kv))
+    return jnp.concatenate(outs, axis=1)
+
+
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, lora: LoraConfig | None, *, rngs: nnx.Rngs, lora_rngs: nnx.Rngs):
         D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -174,6 +206,7 @@ class Attention(nnx.Module):
         self.n_kv, self.group, self.head_dim = K, N // K, H
         self.implementation = ATTENTION_IMPLEMENTATIONS[cfg.attention]
         self.sliding_window = cfg.sliding_window
+        self.query_block = cfg.attention_block
         out_std = 1.0 / math.sqrt(N * H) / math.sqrt(2 * cfg.n_layers)
         kw = dict(cfg=cfg, rngs=rngs, lora_rngs=lora_rngs)
         self.q = Linear((D,), (N, H), ("embed",), ("q_heads", "head_dim"), lora=_targets(lora, "q"), std=D**-0.5, **kw)
@@ -236,17 +269,10 @@ class Attention(nnx.Module):
                 q_BxLxNxH, k_BxSxKxH.astype(q_BxLxNxH.dtype), v_BxSxKxH.astype(q_BxLxNxH.dtype),
                 mask=mask_BxLxS[:, None], implementation=self.implementation)
             return self.o(out_BxLxNxH, deterministic), new_kv
-        # Canonical batched matmuls over (B, K) with the G query heads of a kv head folded into the rows
-        # (M = G * L): no repeated K/V, and XLA's CPU matmuls run ~2x faster than on 5-D einsums.
-        q_BxKxMxH = (q_BxLxNxH * jnp.asarray(H**-0.5, q_BxLxNxH.dtype)).reshape(B, L, K, G, H)
-        q_BxKxMxH = q_BxKxMxH.transpose(0, 2, 3, 1, 4).reshape(B, K, G * L, H)
-        k_BxKxSxH = k_BxSxKxH.astype(q_BxKxMxH.dtype).transpose(0, 2, 1, 3)
-        v_BxKxSxH = v_BxSxKxH.astype(q_BxKxMxH.dtype).transpose(0, 2, 1, 3)
-        scores = jnp.einsum("BKMH,BKSH->BKMS", q_BxKxMxH, k_BxKxSxH, preferred_element_type=jnp.float32)
-        scores_BxKxGxLxS = jnp.where(mask_BxLxS[:, None, None], scores.reshape(B, K, G, L, S), NEG_INF)
-        probs_BxKxMxS = jax.nn.softmax(scores_BxKxGxLxS, axis=-1).astype(v_BxKxSxH.dtype).reshape(B, K, G * L, S)
-        out_BxKxMxH = jnp.einsum("BKMS,BKSH->BKMH", probs_BxKxMxS, v_BxKxSxH)
-        out_BxLxNxH = out_BxKxMxH.reshape(B, K, G, L, H).transpose(0, 3, 1, 2, 4).reshape(B, L, K * G, H)
+        if cache_kv is None and 0 < self.query_block < L:
+            out_BxLxNxH = causal_blocks(q_BxLxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxLxS, self.query_block, K)
+        else:
+            out_BxLxNxH = grouped_attention(q_BxLxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxLxS, K)
         return self.o(out_BxLxNxH, deterministic), new_kv
 
 
