@@ -164,8 +164,8 @@ def _write_budget(self, min_confidence: float | None) -> dict:
     return dict(late_stopping=self.cfg.write_late_stopping, stop_repeats=self.cfg.write_stop_repeats,
                 ban_repeats=self.cfg.write_ban_repeats,
                 max_new_tokens=self.cfg.write_max_new_tokens,
-                batch_size=self.cfg.write_batch, grounded=self.cfg.write_grounded, relations=relations,
-                min_confidence=min_confidence)
+                batch_size=self.cfg.write_batch, refill=self.cfg.write_refill, grounded=self.cfg.write_grounded,
+                relations=relations, min_confidence=min_confidence)
 
 
 def _edit_checks(self) -> dict:
