@@ -470,7 +470,8 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
     one document share their pretext, which is prefilled once per batch (`share_prefixes`). `on_batch(stats,
     finished_doc_ids)` runs after every batch (progress bars, checkpoints for resuming): `finished_doc_ids` are
     the documents all of whose sentences are now in the memory. `refill=True`: a pool of `batch_size` rows that
-    takes the next sentences as its rows finish (`refill.iter_refill_writes`; the same calls), and `on_batch`
+    takes the next sentences as its rows finish (`refill.iter_refill_writes`; the same calls up to the rounding
+    of a prompt's prefill in a batch of another shape, which can flip a greedy near-tie), and `on_batch`
     runs after every exit of its loop. A document with no sentence is reported as soon as it is read.
 
     `grounded`: keep only the triples that pass `is_grounded` (names copied from the text, a known relation
@@ -509,7 +510,7 @@ def _write_batched(model, tokenizer, book: _Book, documents, batch_size: int, de
 
 def _write_refilled(model, tokenizer, book: _Book, documents, batch_size: int, decode: dict) -> None:
     """The whole corpus's prompts are read first (the pool's cache fits the longest); calls finish out of order
-    and are recorded in corpus order, so the memory is the one `_write_batched` gives."""
+    and are recorded in corpus order, so the memory is the one `_write_batched` gives (up to prefill rounding)."""
     from memllm_jax.decode.refill import iter_refill_writes
 
     sentences: list[_Sentence] = []
