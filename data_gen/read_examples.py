@@ -179,14 +179,14 @@ def misread(doc: Document, points: Sequence[ReadPoint], rate: float, seed: int =
     replaced = 0
     for pt in points:
         targets = {m.entity for m in pt.targets}
+        names: dict[int, str] = {}  # each entity the text names before the read, by its first mention
+        for m in mentions:
+            if m.span[0] >= pt.pos:
+                break
+            names.setdefault(m.entity, m.text)
         for k, (query, result) in enumerate(zip(pt.queries, pt.results)):
             if rng.random() >= rate:
                 continue
-            names: dict[int, str] = {}
-            for m in mentions:
-                if m.span[0] >= pt.pos:
-                    break
-                names.setdefault(m.entity, m.text)
             others = sorted({n for e, n in names.items()
                              if e not in targets and n not in result and n not in (query.subject, query.object)})
             if others:
