@@ -99,6 +99,7 @@ def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, *, pr
                                     max_queries=max_queries, filter_ambiguous=filter_ambiguous)
         stats.read_examples += len(lone)
         stats.context_free_reads += len(lone)
+        stats.misread_results += sum(rec["misread"] for rec in lone)
         for rec in lone:
             yield "read", rec
         for rec in question_form_records(doc, read_question_form, seed):

@@ -12,10 +12,16 @@ from typing import Iterable, Sequence
 
 from data_gen.docred import Document
 from memllm_jax import protocol as P
+from memllm_jax.eval.write_quality import EntityGold, normalize_name
 
 
-def _norm(s: str) -> str:
-    return " ".join(s.lower().split())
+def entity_gold(doc: Document) -> EntityGold:
+    """The document's relations by entity index, with every name (full mention, canonical name) of each entity:
+    what `memllm_jax.eval.write_quality.entity_agreement` counts written triples against."""
+    names = [frozenset({normalize_name(m.text) for m in e.full_mentions} | {normalize_name(e.name)})
+             for e in doc.entities]
+    return EntityGold(names, frozenset((r.head, normalize_name(r.label), r.tail) for r in doc.relations
+                                       if r.head != r.tail))
 
 
 def gold_triples(doc: Document) -> list[P.Triple]:
@@ -45,13 +51,13 @@ class GoldLookup:
             if rel.head == rel.tail:
                 continue
             head, tail = doc.entities[rel.head], doc.entities[rel.tail]
-            label = _norm(rel.label)
+            label = normalize_name(rel.label)
             self.n_triples += 1
-            for m_text in {_norm(m.text) for m in head.full_mentions} | {_norm(head.name)}:
+            for m_text in {normalize_name(m.text) for m in head.full_mentions} | {normalize_name(head.name)}:
                 lst = self._objects.setdefault((m_text, label), [])
                 if tail.name not in lst:
                     lst.append(tail.name)
-            for m_text in {_norm(m.text) for m in tail.full_mentions} | {_norm(tail.name)}:
+            for m_text in {normalize_name(m.text) for m in tail.full_mentions} | {normalize_name(tail.name)}:
                 lst = self._subjects.setdefault((m_text, label), [])
                 if head.name not in lst:
                     lst.append(head.name)
@@ -65,7 +71,7 @@ class GoldLookup:
         out = []
         for q in queries:
             table, key = (self._objects, q.subject) if q.is_object_query else (self._subjects, q.object)
-            out.append(list(table.get((_norm(key or ""), _norm(q.relation)), ())))
+            out.append(list(table.get((normalize_name(key or ""), normalize_name(q.relation)), ())))
         return out
 
 

@@ -71,6 +71,8 @@ class ReadPoint:
     """Queries formed before the ambiguity / Q_thr filters."""
     dropped_ambiguous: int = 0
     dropped_too_many: int = 0
+    misread: int = 0
+    """Of `results`: how many `misread` replaced by a wrong entity."""
 
     @property
     def merged_results(self) -> list[str]:
@@ -191,6 +193,7 @@ def misread(doc: Document, points: Sequence[ReadPoint], rate: float, seed: int =
                              if e not in targets and n not in result and n not in (query.subject, query.object)})
             if others:
                 pt.results[k] = [rng.choice(others)]
+                pt.misread += 1
                 replaced += 1
     return replaced
 
@@ -220,6 +223,7 @@ def read_records(doc: Document, points: Sequence[ReadPoint]) -> Iterator[dict]:
             "queries": [[q.subject, q.relation, q.object] for q in pt.queries],
             "results": pt.call_results,
             "result_counts": [len(r) for r in pt.results],
+            "misread": pt.misread,
         }
 
 

@@ -35,7 +35,8 @@ class Stats:
     results_per_query: list = dataclasses.field(default_factory=list)
     target_fallbacks: int = 0
     misread_results: int = 0
-    """Query results of the documents' own reads replaced by a wrong entity (`read_examples.misread`)."""
+    """Query results of the read examples (the documents' own and the context-free ones) replaced by a wrong
+    entity (`read_examples.misread`)."""
     dropped_ambiguous: int = 0
     dropped_too_many: int = 0
     eval_records: int = 0

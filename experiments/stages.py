@@ -178,11 +178,12 @@ def _edit_checks(self) -> dict:
 
 def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None, log: pathlib.Path | None = None):
     """The memory-write model `mw` writes the evaluation documents into a new memory: `(memory, info)`, info with
-    the write statistics and the agreement with the documents' gold triples (precision / recall / F1). `log`: a
-    JSON-lines file of every triple written, its sentence, whether it is gold and what the checks made of it."""
-    from data_gen.gold_memory import gold_triples
+    the write statistics and the agreement with the documents' gold triples (precision / recall / F1, by name,
+    and by entity under "entity_level": `eval.write_quality`). `log`: a JSON-lines file of every triple written,
+    its sentence, whether it is gold (by name) and what the checks made of it."""
+    from data_gen.gold_memory import entity_gold, gold_triples
     from memllm_jax.decode.writer import write_corpus
-    from memllm_jax.eval.write_quality import triple_key, write_agreement
+    from memllm_jax.eval.write_quality import entity_agreement, triple_key, write_agreement
     from memllm_jax.memory import TripleMemory
 
     mem = TripleMemory(self.encoder())
@@ -191,7 +192,8 @@ def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None
     info = {"sentences": st.sentences, "triples": st.triples, "malformed": st.malformed, "no_cut": st.no_cut,
             "repeats": st.repeats, "tokens": st.tokens,
             **{k: v for k, v in mem.stats().items() if isinstance(v, (int, float))},
-            **write_agreement(mem.records(), gold)}
+            **write_agreement(mem.records(), gold),
+            "entity_level": entity_agreement(mem.records(), [entity_gold(d) for d in eval_docs])}
     # what the model wrote before each check, for comparison
     if self.cfg.write_grounded:
         info["ungrounded"] = len(st.ungrounded)
@@ -280,7 +282,8 @@ def stage_memory(self):
     _atomic_json(self.out / "results" / "memory.json", info)
     agree = info["mw_eval"]
     self.say(f"  gold memory: {info['gold_triples']} triples; MW memory: {agree['triples']} triples written, "
-             f"precision {agree['precision']:.2f} recall {agree['recall']:.2f} against the gold triples")
+             f"precision {agree['precision']:.2f} recall {agree['recall']:.2f} against the gold triples (by entity: "
+             f"{agree['entity_level']['precision']:.2f} / {agree['entity_level']['recall']:.2f})")
     return info
 
 
@@ -328,7 +331,7 @@ def stage_diagnostics(self):
     memory = json.loads((self.out / "results" / "memory.json").read_text())
     info["mw_against_gold"] = {k: memory["mw_eval"][k] for k in ("precision", "recall", "f1", "correct",
                                                                   "written_unique", "gold_unique")}
-    for check in ("before_grounding", "before_confidence"):
+    for check in ("before_grounding", "before_confidence", "entity_level"):
         if check in memory["mw_eval"]:
             info["mw_against_gold"][check] = memory["mw_eval"][check]
     if "development" in memory:

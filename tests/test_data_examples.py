@@ -241,6 +241,28 @@ def test_misread_replaces_results_by_entities_named_before_the_read(doc, tmp_pat
     stats = build.build_all(str(path), str(tmp_path / "out"), LABELS, kinds={"read"}, misread_rate=1.0, seed=3)
     built = [json.loads(line) for line in (tmp_path / "out" / "read.jsonl").read_text().splitlines()]
     assert stats.misread_results == 3 and [r["results"] for r in built] == [r["results"] for r in recs]
+    assert [r["misread"] for r in built] == [0, 1, 2]  # the first read has no wrong entity to take
+
+
+def test_misread_counts_the_context_free_reads_too(tmp_path):
+    """The build's count of replaced results includes the context-free read examples' (each record says how many
+    of its results were replaced); with "by Ferro" after the last sentence, its lone read of Ferro has a wrong
+    entity to take (Alla Mia Età or Il Regalo Più Grande, named before it in that sentence)."""
+    import copy
+
+    from data_gen import build
+
+    raw = copy.deepcopy(RAW)
+    raw["sents"][2][-1:] = ["by", "Ferro", "."]
+    raw["vertexSet"][1].append({"name": "Ferro", "sent_id": 2, "pos": [13, 14], "type": "PER"})
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps([raw]))
+    stats = build.build_all(str(path), str(tmp_path / "out"), LABELS, kinds={"read"}, misread_rate=1.0, seed=3,
+                            read_context_free=2)
+    built = [json.loads(line) for line in (tmp_path / "out" / "read.jsonl").read_text().splitlines()]
+    lone = [r for r in built if r.get("context_free")]
+    assert sum(r["misread"] for r in lone) > 0
+    assert stats.misread_results == sum(r["misread"] for r in built)
 
 
 def test_read_without_memory_falls_back_to_target_and_thresholds(doc):
@@ -298,3 +320,33 @@ def test_eval_offsets_follow_escaping():
     assert P.ESC in rec["text"]
     t = rec["reads"][0]["targets"][0]
     assert rec["text"][t["span"][0]:t["span"][1]] == "C" and rec["reads"][0]["pos"] == t["span"][0] - 1  # the space
+
+
+def test_writes_counted_by_entity_accept_any_name_of_the_gold_entity():
+    """`entity_agreement`: a written name may be any full mention of the gold entity ("Ferro" for Tiziano Ferro,
+    which counting by canonical name faults); a pronoun or a reversed relation is wrong; a gold relation written
+    under two names is found once, and a fact two documents state is found in both."""
+    import copy
+
+    from data_gen.gold_memory import entity_gold, gold_triples
+    from memllm_jax.eval.write_quality import entity_agreement, write_agreement
+
+    raw = copy.deepcopy(RAW)
+    raw["sents"][2][-1:] = ["by", "Ferro", "."]
+    raw["vertexSet"][1].append({"name": "Ferro", "sent_id": 2, "pos": [13, 14], "type": "PER"})
+    doc = parse_document(raw, 0, LABELS, "golden.json")
+    gold = entity_gold(doc)
+    assert gold.names[1] == {"tiziano ferro", "ferro"} and (3, "part of", 0) in gold.relations
+    written = [P.Triple("Alla Mia Età", "performer", "Ferro"), {"subject": "alla mia  età", "relation": "Performer",
+                                                                "object": "Tiziano Ferro", "source": "0:x/2"},
+               P.Triple("He", "place of birth", "Latina"), P.Triple("Latina", "place of birth", "Tiziano Ferro")]
+    by_entity = entity_agreement(written, [gold])
+    assert by_entity["written_unique"] == 4 and by_entity["correct"] == 2
+    assert by_entity["gold_relations"] == 4 and by_entity["gold_relations_found"] == 1
+    assert by_entity["precision"] == pytest.approx(2 / 4) and by_entity["recall"] == pytest.approx(1 / 4)
+    assert write_agreement(written[:1], gold_triples(doc))["correct"] == 0  # the canonical name is "Tiziano Ferro"
+    other = entity_gold(parse_document(RAW, 1, LABELS, "golden.json"))  # names him "Tiziano Ferro" only
+    assert entity_agreement(written[:1], [gold, other])["gold_relations_found"] == 1
+    both = entity_agreement(written[1:2], [gold, other])
+    assert both["gold_relations"] == 8 and both["gold_relations_found"] == 2 and both["correct"] == 1
+    assert entity_agreement([], [gold])["f1"] == 0.0

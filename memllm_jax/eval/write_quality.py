@@ -1,19 +1,36 @@
 """How well a memory-write model's triples agree with the gold triples of the same documents.
 
-Names are compared case- and whitespace-insensitively; a written triple counts as correct when the exact
-(subject, relation, object) is among the gold triples. Coreference makes this strict: "She" written instead
-of the person's name is wrong, as it would be useless to a later read.
+Names are compared case- and whitespace-insensitively. Two ways to count (`write_agreement`,
+`entity_agreement`):
+
+- by name: a written triple is correct when the exact (subject, relation, object) is among the gold triples,
+  each gold entity named by one canonical name (its first full mention in its document);
+- by entity: DocRED's gold relations hold between entities, each of which a document may name several ways
+  ("Barack Obama", later "Obama"); a written triple is correct when some gold relation has its label, and its
+  subject and object are each one of the names (full mentions) of that relation's head and tail entity. Recall
+  is over the documents' gold relations, each found once however many of its names were written. The
+  memory-write examples name an entity as the sentence they come from names it, so this count does not fault a
+  model for writing what it was taught.
+
+Either way coreference is strict: "She" written instead of the person's name is wrong, as it would be useless
+to a later read.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+import dataclasses
+from typing import Collection, Iterable, Sequence
 
 from memllm_jax import protocol
 
 
+def normalize_name(text: str) -> str:
+    """A name or relation label as triples are compared: lower-cased, whitespace collapsed."""
+    return " ".join(text.lower().split())
+
+
 def _key(subject: str, relation: str, obj: str) -> tuple[str, str, str]:
-    return tuple(" ".join(x.lower().split()) for x in (subject, relation, obj))  # type: ignore[return-value]
+    return tuple(normalize_name(x) for x in (subject, relation, obj))  # type: ignore[return-value]
 
 
 def triple_key(t: dict | protocol.Triple) -> tuple[str, str, str]:
@@ -27,9 +44,44 @@ def write_agreement(written: Iterable[dict | protocol.Triple], gold: Iterable[pr
     hit = len(written_keys & gold_keys)
     precision = hit / len(written_keys) if written_keys else 0.0
     recall = hit / len(gold_keys) if gold_keys else 0.0
-    f1 = 2 * precision * recall / (precision + recall) if hit else 0.0
+    f1 = _f1(precision, recall)
     return {"written_unique": len(written_keys), "gold_unique": len(gold_keys), "correct": hit,
             "precision": precision, "recall": recall, "f1": f1}
+
+
+def _f1(precision: float, recall: float) -> float:
+    return 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class EntityGold:
+    """One document's gold relations over its entities (`data_gen.gold_memory.entity_gold` builds it)."""
+
+    names: Sequence[Collection[str]]
+    """Per entity index: every name it goes by (`normalize_name`d full mentions)."""
+    relations: Collection[tuple[int, str, int]]
+    """(head entity, `normalize_name`d relation label, tail entity)."""
+
+
+def entity_agreement(written: Iterable[dict | protocol.Triple], gold: Sequence[EntityGold]) -> dict:
+    """Precision / recall / F1 counted by entity (module docstring) of written triples (memory records or Triples)
+    against the documents' `EntityGold`. As in `write_agreement`, a triple is judged by its names, whichever
+    document it was written from (the memory keeps one copy of a triple however many documents state it), and it
+    finds every gold relation it names, in every document."""
+    relations_by_key: dict[tuple[str, str, str], list[tuple[int, int, str, int]]] = {}
+    for d, doc in enumerate(gold):
+        for head, label, tail in doc.relations:
+            for subject in doc.names[head]:
+                for obj in doc.names[tail]:
+                    relations_by_key.setdefault((subject, label, obj), []).append((d, head, label, tail))
+    written_keys = {triple_key(t) for t in written}
+    found = [relations_by_key[k] for k in written_keys if k in relations_by_key]
+    n_gold = sum(len(doc.relations) for doc in gold)
+    n_found = len({r for rels in found for r in rels})
+    precision = len(found) / len(written_keys) if written_keys else 0.0
+    recall = n_found / n_gold if n_gold else 0.0
+    return {"written_unique": len(written_keys), "gold_relations": n_gold, "correct": len(found),
+            "gold_relations_found": n_found, "precision": precision, "recall": recall, "f1": _f1(precision, recall)}
 
 
 def threshold_label(min_confidence: float | None) -> str:
