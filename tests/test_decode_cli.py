@@ -11,6 +11,7 @@ from flax import nnx
 from memllm_jax import protocol
 from memllm_jax.config import TINY
 from memllm_jax.decode.scripted import CharTokenizer, PolicyModel
+from memllm_jax.eval.write_quality import EntityGold
 from memllm_jax.memory import HashEncoder, TripleMemory
 
 from test_decode_writer import write_policy
@@ -135,6 +136,8 @@ def test_memory_stage_reports_precision_before_and_after_grounding(monkeypatch, 
 
     monkeypatch.setattr(data_gen.gold_memory, "gold_triples", lambda doc: [protocol.Triple("a", "r", "b"),
                                                                            protocol.Triple("a", "r", "c")])
+    monkeypatch.setattr(data_gen.gold_memory, "entity_gold", lambda doc: EntityGold(
+        [{"a"}, {"b", "bee"}, {"c"}], {(0, "r", 1), (0, "r", 2)}))
     monkeypatch.setattr(stages, "_labels", lambda self: {"P1": "r"})
     pipe = types.SimpleNamespace(cfg=PipelineConfig(write_grounded=True, write_late_stopping=False,
                                                     write_max_new_tokens=48, write_batch=2),
@@ -150,6 +153,9 @@ def test_memory_stage_reports_precision_before_and_after_grounding(monkeypatch, 
         ("x/0", "a", "kept", True), ("x/1", "a", "ungrounded", True), ("y/0", "a", "ungrounded", True)]
     assert info["ungrounded"] == 2 and info["correct"] == 1 and info["precision"] == 1.0 and info["recall"] == 0.5
     assert info["before_grounding"]["written_unique"] == 1  # the same triple, also written from "Gamma." and y/0
+    # by entity: a>>r>>b names the relation (0, r, 1) that both documents state
+    assert info["entity_level"]["precision"] == 1.0 and info["entity_level"]["gold_relations"] == 4
+    assert info["entity_level"]["gold_relations_found"] == 2
 
 
 def test_memory_stage_reports_precision_before_the_confidence_check(monkeypatch):
@@ -163,6 +169,7 @@ def test_memory_stage_reports_precision_before_the_confidence_check(monkeypatch)
     from test_decode_writer import TOK, unsure_policy
 
     monkeypatch.setattr(data_gen.gold_memory, "gold_triples", lambda doc: [protocol.Triple("a", "r", "b")])
+    monkeypatch.setattr(data_gen.gold_memory, "entity_gold", lambda doc: EntityGold([{"a"}, {"b"}], {(0, "r", 1)}))
     monkeypatch.setattr(stages, "_labels", lambda self: {"P1": "r"})
     pipe = types.SimpleNamespace(cfg=PipelineConfig(write_grounded=True, write_min_confidence=-0.1,
                                                     write_late_stopping=False, write_max_new_tokens=48,
@@ -193,6 +200,7 @@ def test_memory_stage_chooses_the_confidence_threshold_on_the_outside_documents(
     from test_decode_writer import TOK, unsure_policy
 
     monkeypatch.setattr(data_gen.gold_memory, "gold_triples", lambda doc: [protocol.Triple("a", "r", "b")])
+    monkeypatch.setattr(data_gen.gold_memory, "entity_gold", lambda doc: EntityGold([{"a"}, {"b"}], {(0, "r", 1)}))
     monkeypatch.setattr(stages, "_labels", lambda self: {"P1": "r"})
     docs = {"eval": [("x", ["a met b, c met d."])],
             "outside": [(f"o{k}", ["a met b, c met d."]) for k in range(4)]}
