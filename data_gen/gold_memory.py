@@ -4,6 +4,8 @@
 against every full-mention surface form of the entities in the gold triples, and returns the other entity's
 canonical name (its first full mention). `fill_memory` writes a corpus's gold triples into a
 `memllm_jax.memory.TripleMemory`; `memory_query_fn` adapts that memory to the builder's `query_fn`.
+`gold_triples` / `entity_gold`: a document's gold facts as triples of canonical names / as relations between
+entities with all their names, what written memories are scored against (`memllm_jax.eval.write_quality`).
 """
 
 from __future__ import annotations
