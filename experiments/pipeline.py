@@ -113,8 +113,8 @@ class PipelineConfig:
     write_refill: bool = True
     """The memory stage decodes its sentences in a pool of `write_batch` rows that takes the next sentences as its
     rows finish (`decode.refill`), instead of consecutive batches that each run until their longest call ends. The
-    trained SmolLM2 memory-write adapter on 10 Re-DocRED documents (73 sentences, pool 32): 228 s against 283 s
-    (a host busy with another evaluation; docs/decode.md, "Refilling"). The calls are the same up to the rounding of a
+    trained SmolLM2 memory-write adapter on 10 Re-DocRED documents (73 sentences, pool 32), idle: 1.29x cold and
+    1.37x compiled (115 s against 157 s; docs/decode.md, "Refilling"). The calls are the same up to the rounding of a
     prompt's prefill in a batch of another shape, which can flip a near-tie of the greedy choice (345 triples
     against 336 there)."""
     write_grounded: bool = False

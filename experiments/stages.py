@@ -188,19 +188,19 @@ def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None
 
     mem = TripleMemory(self.encoder())
     st = write_corpus(mw, self.tokenizer(), mem, eval_docs, on_batch=on_batch, **_write_budget(self, min_confidence))
-    gold = [t for d in eval_docs for t in gold_triples(d)]
+    gold, kept = [t for d in eval_docs for t in gold_triples(d)], mem.records()
     info = {"sentences": st.sentences, "triples": st.triples, "malformed": st.malformed, "no_cut": st.no_cut,
             "repeats": st.repeats, "tokens": st.tokens,
             **{k: v for k, v in mem.stats().items() if isinstance(v, (int, float))},
-            **write_agreement(mem.records(), gold),
-            "entity_level": entity_agreement(mem.records(), [entity_gold(d) for d in eval_docs])}
+            **write_agreement(kept, gold),
+            "entity_level": entity_agreement(kept, [entity_gold(d) for d in eval_docs])}
     # what the model wrote before each check, for comparison
     if self.cfg.write_grounded:
         info["ungrounded"] = len(st.ungrounded)
-        info["before_grounding"] = write_agreement(mem.records() + st.unconfident + st.ungrounded, gold)
+        info["before_grounding"] = write_agreement(kept + st.unconfident + st.ungrounded, gold)
     if min_confidence is not None:
         info["unconfident"] = len(st.unconfident)
-        info["before_confidence"] = write_agreement(mem.records() + st.unconfident, gold)
+        info["before_confidence"] = write_agreement(kept + st.unconfident, gold)
     if log is not None:
         gold_keys = {triple_key(t) for t in gold}
         _atomic_text(log, "".join(json.dumps({"source": source, "subject": t.subject, "relation": t.relation,
