@@ -50,7 +50,8 @@ class ModelConfig:
     """Operand dtype of the linear layers' and the LM head's matmuls (None: `compute_dtype`). Low-precision
     operands are multiplied exactly and accumulated in float32 (`model/matmul.py`): "bfloat16" with float32
     compute is TPU's default precision for float32 matmuls, and runs 3-5x faster than float32 on CPUs with AMX.
-    Attention, norms and LoRA adapters keep `compute_dtype`."""
+    LoRA adapters multiply with their layer's operands (as PEFT's under autocast); attention and norms keep
+    `compute_dtype`."""
     remat: bool = False
     """Rematerialise each decoder block in the backward pass (saves activation memory)."""
     remat_policy: str = "nothing_saveable"

@@ -1,6 +1,7 @@
 """Low-precision matmul operands (`ModelConfig.matmul_dtype`) and the hashed dropout mask of LoRA adapters."""
 
 import dataclasses
+import re
 
 import jax
 import jax.extend
@@ -22,20 +23,24 @@ def _rounded64(a):
     return np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32), np.float64)
 
 
-def test_mixed_matmul_is_the_exact_product_of_rounded_operands_with_float32_gradients():
+@pytest.mark.parametrize("transposed", [False, True])
+def test_mixed_matmul_is_the_exact_product_of_rounded_operands_with_float32_gradients(transposed):
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((24, 40)), jnp.float32)
-    w = jnp.asarray(rng.standard_normal((40, 16)), jnp.float32)
+    w_IxO = jnp.asarray(rng.standard_normal((40, 16)), jnp.float32)
+    w = w_IxO.T.copy() if transposed else w_IxO  # an output-major weight (the tied head's embedding) when transposed
     dy = jnp.asarray(rng.standard_normal((24, 16)), jnp.float32)
-    y, vjp = jax.vjp(lambda x, w: mixed_matmul(x, w, "bfloat16"), x, w)
+    y, vjp = jax.vjp(lambda x, w: mixed_matmul(x, w, "bfloat16", transposed), x, w)
     assert y.dtype == jnp.float32
-    np.testing.assert_allclose(y, _rounded64(x) @ _rounded64(w), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y, _rounded64(x) @ _rounded64(w_IxO), rtol=1e-5, atol=1e-5)
     dx, dw = vjp(dy)
-    assert dx.dtype == x.dtype and dw.dtype == w.dtype
-    np.testing.assert_allclose(dx, _rounded64(dy) @ _rounded64(w).T, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(dw, _rounded64(x).T @ _rounded64(dy), rtol=1e-5, atol=1e-5)
+    assert dx.dtype == x.dtype and dw.dtype == w.dtype and dw.shape == w.shape
+    np.testing.assert_allclose(dx, _rounded64(dy) @ _rounded64(w_IxO).T, rtol=1e-5, atol=1e-5)
+    dw_IxO = dw.T if transposed else dw
+    np.testing.assert_allclose(dw_IxO, _rounded64(x).T @ _rounded64(dy), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(matmul(x, w, "float32", transposed=transposed), x @ w_IxO)
     # Not the float32 product: the operands really are rounded.
-    assert np.abs(np.asarray(y, np.float64) - np.asarray(x, np.float64) @ np.asarray(w, np.float64)).max() > 1e-4
+    assert np.abs(np.asarray(y, np.float64) - np.asarray(x, np.float64) @ np.asarray(w_IxO, np.float64)).max() > 1e-4
 
 
 def test_every_matmul_of_the_backward_pass_takes_low_precision_operands():
@@ -62,6 +67,36 @@ def test_float32_operands_take_the_plain_matmul():
     w = jnp.asarray(np.random.default_rng(2).standard_normal((6, 3)), jnp.float32)
     np.testing.assert_array_equal(matmul(x, w, "float32"), x @ w)
     np.testing.assert_array_equal(matmul(x, w, None), x @ w)
+
+
+def _compiled_dot_operands(hlo_text: str) -> list[tuple[str, str, bool]]:
+    """`(lhs dtype, rhs dtype, batched)` of every dot in a compiled XLA program's text."""
+    found = []
+    for block in re.split(r"\n(?=\S)", hlo_text):
+        dtypes = dict(re.findall(r"%([\w.-]+) = (\w+)\[", block))
+        for lhs, rhs, attrs in re.findall(r"= \w+\[[0-9,]*\]\S* dot\(%([\w.-]+), %([\w.-]+)\)([^\n]*)", block):
+            found.append((dtypes[lhs], dtypes[rhs], "lhs_batch_dims" in attrs))
+    return found
+
+
+def test_compiled_lora_gradient_multiplies_every_linear_adapter_and_the_tied_head_in_bf16():
+    """What XLA runs, not only what JAX traces: the tied head's `[vocab, d_model]` embedding used as `E.T` was
+    converted and multiplied in float32 after compilation, and the adapters' factors were float32 operands.
+    Only attention's batched dots stay float32."""
+    cfg = dataclasses.replace(CFG, matmul_dtype="bfloat16")
+    model = Mistral(cfg, LoraConfig(rank=4, alpha=8.0, dropout=0.0), rngs=nnx.Rngs(0))
+    graphdef, adapter, frozen = nnx.split(model, nnx.LoRAParam, ...)
+    tokens = jnp.zeros((2, 12), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(12), (2, 12))
+
+    def loss(adapter, frozen):
+        return nnx.merge(graphdef, adapter, frozen)(tokens, positions)[0].sum()
+
+    dots = _compiled_dot_operands(jax.jit(jax.grad(loss)).lower(adapter, frozen).compile().as_text())
+    unbatched = [d for d in dots if not d[2]]
+    assert len(unbatched) >= 2 * 7 * cfg.n_layers  # every linear layer's and adapter's products
+    assert all(d[:2] == ("bf16", "bf16") for d in unbatched), sorted(set(dots))
+    assert {d[:2] for d in dots if d[2]} == {("f32", "f32")}  # attention
 
 
 def _logits_and_grad(cfg, lora):

@@ -66,10 +66,12 @@ class LoRA(nnx.Module):
         self.b = nnx.LoRAParam(jnp.zeros((cfg.rank, *out_shape), param_dtype), logical_axes=("lora_rank", *out_axes))
         self.dropout = HashDropout(cfg.dropout, rngs=rngs) if cfg.dropout > 0 else None
 
-    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    def __call__(self, x: jax.Array, deterministic: bool, operand_dtype: str | None = None) -> jax.Array:
+        """`dropout(x) @ scaled_a @ b`; `operand_dtype`: the adapted layer's (`model.matmul.matmul`), as PEFT's
+        adapters run under the same autocast as their base layer."""
         if self.dropout is not None:
             x = self.dropout(x, deterministic=deterministic)
-        return self.up(_contract(x, self.scaled_a(x.dtype), self.n_in))
+        return self.up(_contract(x, self.scaled_a(x.dtype), self.n_in, None, operand_dtype), operand_dtype)
 
     @property
     def rank(self) -> int:
@@ -80,9 +82,9 @@ class LoRA(nnx.Module):
         output: no extra pass over the activations, forward or backward (exact for a power-of-two scale)."""
         return (self.a[...].astype(jnp.float32) * self.scale).astype(dtype)
 
-    def up(self, h: jax.Array) -> jax.Array:
+    def up(self, h: jax.Array, operand_dtype: str | None = None) -> jax.Array:
         """`h @ B` for `h = x @ scaled_a` of shape `[..., r]`."""
-        return _contract(h, self.b[...].astype(h.dtype), 1)
+        return _contract(h, self.b[...].astype(h.dtype), 1, None, operand_dtype)
 
     def sees_input(self, deterministic: bool) -> bool:
         """True when the adapter reads its layer's input unchanged (no dropout mask in this call)."""
@@ -101,16 +103,16 @@ class LoRA(nnx.Module):
         return jax.vmap(lambda a_l, b_l: _contract(a_l, b_l, 1))(a, b) * self.scale
 
 
-def shared_input_hidden(x: jax.Array, adapters: Sequence[LoRA]) -> list[jax.Array]:
+def shared_input_hidden(x: jax.Array, adapters: Sequence[LoRA], operand_dtype: str | None = None) -> list[jax.Array]:
     """`[x @ scaled_a for each adapter]` for adapters that read the same input `x` (e.g. those of q, k and v), as
     one matmul over their concatenated A factors. A rank-16 matmul is memory bound on CPU (it costs about a
     read of `x`), so one for all adapters of a shared input, forward and backward (there the input gradients
     `dh @ A^T` of all adapters become one matmul too), instead of one each."""
     n_in = adapters[0].n_in
     if len(adapters) == 1:
-        return [_contract(x, adapters[0].scaled_a(x.dtype), n_in)]
+        return [_contract(x, adapters[0].scaled_a(x.dtype), n_in, None, operand_dtype)]
     a = jnp.concatenate([adapter.scaled_a(x.dtype) for adapter in adapters], axis=-1)
-    h = _contract(x, a, n_in)
+    h = _contract(x, a, n_in, None, operand_dtype)
     ends = list(itertools.accumulate(adapter.rank for adapter in adapters))
     return [h[..., end - adapter.rank : end] for adapter, end in zip(adapters, ends)]
 

@@ -18,6 +18,7 @@ from flax import nnx, struct
 from memllm_jax.config import LoraConfig, ModelConfig
 from memllm_jax.model import init
 from memllm_jax.model.lora import LoRA, TokenLoRA, _contract, shared_input_hidden
+from memllm_jax.model.matmul import matmul
 from memllm_jax.model.splash import SPLASH_OPTIONS, splash_attention, splash_segments
 from memllm_jax.sharding import constrain
 
@@ -95,7 +96,7 @@ class Linear(nnx.Module):
     def __call__(self, x: jax.Array, deterministic: bool = True, out_dtype=None) -> jax.Array:
         y = self.base(x, out_dtype)
         if self.lora is not None:
-            y = y + self.lora(x, deterministic).astype(y.dtype)
+            y = y + self.lora(x, deterministic, self.operand_dtype).astype(y.dtype)
         return y
 
     def base(self, x: jax.Array, out_dtype=None) -> jax.Array:
@@ -110,12 +111,13 @@ def project(x: jax.Array, linears: Sequence[Linear], deterministic: bool) -> lis
     ys = [linear.base(x) for linear in linears]
     shared = [i for i, linear in enumerate(linears) if linear.lora is not None and linear.lora.sees_input(deterministic)]
     if shared:
-        hidden = shared_input_hidden(x, [linears[i].lora for i in shared])
+        operand_dtype = linears[shared[0]].operand_dtype
+        hidden = shared_input_hidden(x, [linears[i].lora for i in shared], operand_dtype)
         for i, h in zip(shared, hidden):
-            ys[i] = ys[i] + linears[i].lora.up(h).astype(ys[i].dtype)
+            ys[i] = ys[i] + linears[i].lora.up(h, operand_dtype).astype(ys[i].dtype)
     for i, linear in enumerate(linears):
         if linear.lora is not None and i not in shared:
-            ys[i] = ys[i] + linear.lora(x, deterministic).astype(ys[i].dtype)
+            ys[i] = ys[i] + linear.lora(x, deterministic, linear.operand_dtype).astype(ys[i].dtype)
     return ys
 
 
@@ -469,7 +471,9 @@ class Mistral(nnx.Module):
     def head(self, x_BxLxD: jax.Array, deterministic: bool = True) -> jax.Array:
         """Float32 logits `[B, L, V]` of final hidden states (any leading shape `[B, L]`)."""
         if self.lm_head is None:
-            logits = _contract(x_BxLxD, self.embed[...].T, 1, jnp.float32, self.cfg.operand_dtype)
+            lead, D = x_BxLxD.shape[:-1], x_BxLxD.shape[-1]
+            logits = matmul(x_BxLxD.reshape(-1, D), self.embed[...], self.cfg.operand_dtype, jnp.float32,
+                            transposed=True).reshape(*lead, -1)
             if self.token_lora is not None:  # trained rows score as they embed, as after merge_lora
                 logits = self.token_lora.add_head_scores(x_BxLxD, logits)
         else:
