@@ -216,7 +216,8 @@ def main(args: argparse.Namespace) -> int:
     print(f"LoRA train step: preset {args.preset} (d_model {cfg.d_model}, {cfg.n_layers} layers, vocab "
           f"{cfg.vocab_size}), LoRA r={args.rank} on {','.join(lora_cfg.targets)}, dropout {args.dropout}, "
           f"{args.trainable_tokens} trainable embedding rows, "
-          f"batch {args.batch} x {args.seq_len} tokens (loss on the second half of each row), {cfg.compute_dtype}, "
+          f"batch {args.batch} x {args.seq_len} tokens (loss on the second half of each row), {cfg.compute_dtype}"
+          f"{f' with {cfg.matmul_dtype} matmul operands' if cfg.matmul_dtype else ''}, "
           f"{flops / 1e9:.1f} GFLOP/step; median of {args.repeats}; "
           + ("all contenders in one process (--same-process)" if args.same_process
              else "each contender in its own process"))
