@@ -17,11 +17,15 @@ from memllm_jax import protocol as P
 from memllm_jax.eval.write_quality import EntityGold, normalize_name
 
 
+def entity_names(entity) -> frozenset[str]:
+    """Every name an entity goes by, `normalize_name`d: its full mentions and its canonical name."""
+    return frozenset({normalize_name(m.text) for m in entity.full_mentions} | {normalize_name(entity.name)})
+
+
 def entity_gold(doc: Document) -> EntityGold:
     """The document's relations by entity index, with every name (full mention, canonical name) of each entity:
     what `memllm_jax.eval.write_quality.entity_agreement` counts written triples against."""
-    names = [frozenset({normalize_name(m.text) for m in e.full_mentions} | {normalize_name(e.name)})
-             for e in doc.entities]
+    names = [entity_names(e) for e in doc.entities]
     return EntityGold(names, frozenset((r.head, normalize_name(r.label), r.tail) for r in doc.relations
                                        if r.head != r.tail))
 
@@ -55,11 +59,11 @@ class GoldLookup:
             head, tail = doc.entities[rel.head], doc.entities[rel.tail]
             label = normalize_name(rel.label)
             self.n_triples += 1
-            for m_text in {normalize_name(m.text) for m in head.full_mentions} | {normalize_name(head.name)}:
+            for m_text in entity_names(head):
                 lst = self._objects.setdefault((m_text, label), [])
                 if tail.name not in lst:
                     lst.append(tail.name)
-            for m_text in {normalize_name(m.text) for m in tail.full_mentions} | {normalize_name(tail.name)}:
+            for m_text in entity_names(tail):
                 lst = self._subjects.setdefault((m_text, label), [])
                 if head.name not in lst:
                     lst.append(head.name)
