@@ -4,7 +4,8 @@ from memllm_jax import protocol
 
 
 class CharTokenizer:
-    """pad 0, bos 1, eos 2, the six markers 3..8, printable ASCII 9..103, ESC 104."""
+    """pad 0, bos 1, eos 2, the six markers 3..8, printable ASCII 9..103, ESC 104, line break 105 (any other
+    character is read as a space)."""
 
     vocab_size = 128
     pad_id, bos_id, eos_id = 0, 1, 2
@@ -23,7 +24,7 @@ class CharTokenizer:
                     break
             else:
                 ch = text[i]
-                ids.append(104 if ch == protocol.ESC else 9 + min(max(ord(ch) - 32, 0), 94))
+                ids.append(104 if ch == protocol.ESC else 105 if ch == "\n" else 9 + min(max(ord(ch) - 32, 0), 94))
                 i += 1
         return ids
 
@@ -35,19 +36,21 @@ class CharTokenizer:
                 out.append(self._marker_of[t])
             elif t == 104:
                 out.append(protocol.ESC)
+            elif t == 105:
+                out.append("\n")
             elif 9 <= t < 104:
                 out.append(chr(t - 9 + 32))
         return "".join(out)
 
 
-def scripted_reader():
+def scripted_reader(text: str = "Ann was born in Paris.", read_at: tuple[int, ...] = (16,)):
     """`(model, tokenizer, [encoded doc], Memory class)`: a scripted model that reads right before "Paris" in
-    "Ann was born in Paris." asking <Ann, place of birth, *>, and a memory answering that query with Paris."""
+    "Ann was born in Paris." asking <Ann, place of birth, *>, and a memory answering that query with Paris.
+    `text` / `read_at`: another document, read before each of these characters (the same query each time)."""
     from memllm_jax.decode.scripted import PolicyModel
     from memllm_jax.eval.records import EvalDoc, GoldRead, encode_document
 
     tok = CharTokenizer()
-    text = "Ann was born in Paris."
     mr, rend, cend = (tok.marker_id[m] for m in (protocol.MEM_READ, protocol.READ_END, protocol.CALL_END))
     query_ids = tok.encode("Ann>>place of birth>>") + [rend]
     doc_ids = tok.encode(text)
@@ -67,7 +70,7 @@ def scripted_reader():
             elif not skip:
                 plain.append(t)
         nxt = doc_ids[len(plain)] if len(plain) < len(doc_ids) else tok.eos_id
-        if len(plain) == 16 and ctx[-1] != cend:
+        if len(plain) in read_at and ctx[-1] != cend:
             return [mr, nxt]
         return [nxt]
 

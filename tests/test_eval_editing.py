@@ -214,13 +214,74 @@ def test_synthetic_edits_ask_locality_questions_about_entities_no_edit_names():
 
 
 def test_answer_is_read_after_the_forced_call_that_opened_in_the_prompt():
-    import types
-
     tok = CharTokenizer()
     prompt = editing.build_cloze_prompt_ids(tok, "Ann worked for ")
     generated = tok.encode("Ann>>employer>>" + protocol.READ_END + "Kerek Group" + protocol.CALL_END + " Kerek Group. She")
-    res = types.SimpleNamespace(prompt_ids=prompt, token_ids=generated, plain_text="unused")
-    assert editing.extract_cloze_answer(editing._text_after(tok, res, "Ann worked for ")) == "Kerek Group"
+    after = editing._text_after(tok, prompt + generated, len(prompt), "Ann worked for ")
+    assert editing.extract_cloze_answer(after) == "Kerek Group" and editing.answer_complete(after, "cloze")
     # a removed forced read (empty result) rewinds into the prompt: the answer is what follows the question
-    rewound = types.SimpleNamespace(prompt_ids=prompt[:-1], token_ids=tok.encode(" Rome Inc. He"), plain_text="")
-    assert editing.extract_cloze_answer(editing._text_after(tok, rewound, "Ann worked for ")) == "Rome Inc"
+    rewound = prompt[:-1] + tok.encode(" Rome Inc. He")
+    assert editing.extract_cloze_answer(editing._text_after(tok, rewound, len(prompt) - 1, "Ann worked for ")) == "Rome Inc"
+
+
+@pytest.mark.parametrize("text, style, complete", [
+    (" Kerek Group", "cloze", False), (" Kerek Group, then", "cloze", True), (" Kerek\n", "cloze", True),
+    ("\nA: Paris", "qa", False), ("\nA:\n", "qa", False), ("\nA: Paris\n", "qa", True), (" Paris\n", "qa", True)])
+def test_an_answer_is_complete_once_more_text_cannot_change_it(text, style, complete):
+    extract = editing.extract_cloze_answer if style == "cloze" else editing.extract_answer
+    assert editing.answer_complete(text, style) == complete
+    if complete:  # whatever follows
+        assert extract(text + " and more\nA: Rome.") == extract(text)
+
+
+@pytest.mark.parametrize("style", ["cloze", "qa"])
+def test_rows_stop_once_their_answer_is_complete_with_the_answers_of_the_whole_budget(style, monkeypatch):
+    """A scripted reader asks, is answered, then writes the answer and goes on writing: `answer_questions`
+    stops each row once its answer is complete (cloze: at the comma; QA: at the loop exit after the answer's
+    line break), and extracts what generating to the end of the budget gives."""
+    from memllm_jax.decode import reader
+    from memllm_jax.config import EDITING_MEMORY
+    from memllm_jax.decode.scripted import PolicyModel
+    from memllm_jax.memory import TripleMemory
+    from memllm_jax.memory.encoder import load_encoder
+
+    tok = CharTokenizer()
+    mr, rend, cend = (tok.marker_id[m] for m in (protocol.MEM_READ, protocol.READ_END, protocol.CALL_END))
+    tail = tok.encode(" Kerek Group, then Rome.\nA: Oslo\n" if style == "cloze" else "\nA: Kerek Group\n\nQ: Who? Rome\n")
+
+    def policy(ctx):
+        if mr not in ctx:  # the prompt
+            return [tok.eos_id]
+        k = len(ctx) - 1 - ctx[::-1].index(mr)
+        gen = ctx[k + 1:]
+        if cend not in gen:  # in the forced call: ask, then wait for the answer
+            query = tok.encode("Ann>>employer>>") + [rend]
+            return [query[len(gen)] if len(gen) < len(query) else tok.eos_id]
+        after = gen[gen.index(cend) + 1:]
+        return [tail[len(after) % len(tail)]]
+
+    model = PolicyModel(policy, tok.vocab_size)
+    mem = TripleMemory(load_encoder("hash:16"), EDITING_MEMORY)
+    mem.add([protocol.Triple("Ann", "employer", "Kerek Group")], source="edit0", replace=True)
+    questions = ["Ann worked for", "Where did Ann work?", "Ann was employed by"]
+    shots = (editing.Shot("A?", "B"),)
+    finished = []
+    generate = reader.generate_with_memory
+
+    def spy(*args, **kwargs):
+        res = generate(*args, **kwargs)
+        finished.extend((r.finish_reason, r.n_generated) for r in res)
+        return res
+
+    monkeypatch.setattr(reader, "generate_with_memory", spy)
+    got = editing.answer_questions(model, tok, mem, questions, shots, max_new_tokens=60, batch_size=2, style=style)
+    assert got == ["Kerek Group"] * 3
+    assert [f for f, _ in finished] == ["done"] * 3 and all(n < 60 for _, n in finished)
+    if style == "cloze":  # the query (16 tokens with `)-->`) and " Kerek Group," (13)
+        assert [n for _, n in finished] == [29] * 3
+    monkeypatch.setattr(editing, "answer_complete", lambda text, style: False)  # never done: the whole budget
+    monkeypatch.setattr(editing, "clause_end_ids", lambda tok: [])
+    finished.clear()
+    assert editing.answer_questions(model, tok, mem, questions, shots, max_new_tokens=60, batch_size=2,
+                                    style=style) == got
+    assert [f for f, _ in finished] == ["budget"] * 3

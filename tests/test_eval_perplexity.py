@@ -156,6 +156,22 @@ def test_model_chosen_reads_with_a_scripted_model():
     assert six.ppl["target"] == pytest.approx(read.ppl["target"], rel=1e-9)
 
 
+def test_windowed_continuations_give_the_scores_of_whole_ones():
+    """Model-chosen reads scored a few tokens at a time (the forward doubled until the next read is covered)
+    make the same reads and give the same perplexities and traces as forwards to the document's end."""
+    from tests.eval_fakes import scripted_reader
+
+    text = "Ann was born in Paris. She worked in Rome and in Oslo, then went back to Paris in 1990."
+    model, tok, docs, Memory = scripted_reader(text, read_at=(3, 16, 19, 33, 70))
+    rounds: list[str] = []
+    whole = evaluate_perplexity(model, tok, docs, Memory(), ReadSetting(window=0), batch_size=2, trace_docs=1)
+    windowed = evaluate_perplexity(model, tok, docs, Memory(), ReadSetting(window=2), batch_size=2, trace_docs=1,
+                                   progress=rounds.append)
+    assert whole.stats == windowed.stats and whole.stats["reads"] == 5
+    assert windowed.ppl == pytest.approx(whole.ppl, rel=1e-12) and windowed.traces == whole.traces
+    assert any("scored further" in r for r in rounds)  # some reads needed longer forwards
+
+
 def test_kept_prefix_keys_values_give_the_whole_sequence_scores_and_generations():
     """Scoring / generating after a kept prefix equals doing it on the whole sequence."""
     from memllm_jax.eval.scoring import GreedyGenerator, Scorer

@@ -134,6 +134,9 @@ class LoopSpec:
     """0: reads are served by the host at loop exits (`READ_PAUSE` / `OPEN_PAUSE` exit the loop). > 0: reads
     are served inside the loop by a host callback (`read_chunk(server=...)`), and this is the width F of
     each row's forced-token queue (`DecodeState.forced_BxF`); longer feeds go through `HOST_FEED`."""
+    stop_ids: tuple[int, ...] = ()
+    """Tokens that end a row (status DONE, the token kept) when sampled outside a call, e.g. the tokens holding
+    a clause end when only the first clause of the text is wanted."""
     host_callback: str = "auto"
     """In-loop reads: how the loop calls the host, "buffer" (`jax.experimental.buffer_callback`, CPU and GPU),
     "io" (`jax.experimental.io_callback`, every backend) or "auto" (buffer where supported)."""
@@ -191,6 +194,9 @@ def _read_step(model, spec: LoopSpec, s: st.DecodeState) -> st.DecodeState:
     status_B = jnp.where(sample_B & (cache.lengths_B >= spec.max_len), st.FULL, status_B)
     status_B = jnp.where(opens_B & (s.active_call_B | s.in_call_B), st.OPEN_PAUSE, status_B)
     status_B = jnp.where(closes_B, st.READ_PAUSE, status_B)
+    if spec.stop_ids:
+        done_B = sample_B & ~s.in_call_B & jnp.isin(tok_B, jnp.asarray(spec.stop_ids, jnp.int32))
+        status_B = jnp.where(done_B, st.DONE, status_B)
     status_B = jnp.where(sample_B & (tok_B == spec.eos_id), st.EOS, status_B)
     return s.replace(
         cache=cache,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -78,9 +78,10 @@ class ReadController:
 
     def __init__(self, model, tokenizer, memory, *, max_len: int, chunk: int = 32,
                  sampling: SamplingConfig = GREEDY, q_thr: int | None = None, seed: int = 0,
-                 trace: bool = False, reads: str = "host", answer_width: int = 64):
+                 trace: bool = False, reads: str = "host", answer_width: int = 64, stop_ids: Sequence[int] = ()):
         """`reads`: "host" or "in_loop" (module docstring). `answer_width`: in-loop only, the forced-token
-        queue per row; longer answers or re-fed texts are prefilled by the host at a loop exit."""
+        queue per row; longer answers or re-fed texts are prefilled by the host at a loop exit. `stop_ids`:
+        `LoopSpec.stop_ids`."""
         if reads not in READS:
             raise ValueError(f"generate: reads={reads!r}, expected one of {READS}")
         if reads == "in_loop" and answer_width < 1:
@@ -96,12 +97,14 @@ class ReadController:
         self.spec = LoopSpec(chunk=chunk, eos_id=tokenizer.eos_id, read_open_id=self.open_id,
                              read_end_id=self.end_id, max_len=max_len, sampling=sampling,
                              pad_id=int(getattr(tokenizer, "pad_id", 0) or 0),
-                             answer_width=answer_width if reads == "in_loop" else 0)
+                             answer_width=answer_width if reads == "in_loop" else 0,
+                             stop_ids=tuple(sorted(set(int(t) for t in stop_ids))))
         self.max_len = max_len
         self.seed = seed
         self.trace = trace
         self.traces: list[list] = []
         self._rows: list[Row] = []
+        self._done_when: Sequence[Callable[[list[int]], bool] | None] | None = None
         self._host_feeds: dict[int, tuple[int, list[int], int]] = {}
         self._error: BaseException | None = None
 
@@ -118,12 +121,18 @@ class ReadController:
     # ------------------------------------------------------------------------------------------ public
 
     def run(self, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, init_cache,
-            memories: Sequence[Any] | None = None) -> list[GenerationResult]:
-        """`memories`: one memory per prompt answering that row's reads, instead of the shared `self.memory`."""
+            memories: Sequence[Any] | None = None,
+            done_when: Sequence[Callable[[list[int]], bool] | None] | None = None) -> list[GenerationResult]:
+        """`memories`: one memory per prompt answering that row's reads, instead of the shared `self.memory`.
+        `done_when`: per prompt, a test of the row's whole context (prompt + generated ids) made at each loop
+        exit while no call is open; a row that passes stops (finish reason "done")."""
         B = len(prompt_ids)
         if memories is not None and len(memories) != B:
             raise ValueError(f"generate: {len(memories)} memories for {B} prompts")
+        if done_when is not None and len(done_when) != B:
+            raise ValueError(f"generate: {len(done_when)} stop tests for {B} prompts")
         self.book.row_memories = memories
+        self._done_when = done_when
         rows = [Row(ctx=list(p), prompt_len=len(p), kinds=["p"] * len(p), trace=[] if self.trace else None)
                 for p in prompt_ids]
         for r in rows:
@@ -261,18 +270,23 @@ class ReadController:
                 closed.append(b)
                 in_call[b] = False
                 status[b] = st.RUNNING
-            elif code in (st.EOS, st.BUDGET, st.FULL):
+            elif code in (st.EOS, st.BUDGET, st.FULL, st.DONE):
                 r.finish = st.STATUS_NAMES[code]
                 if in_call[b]:
                     self.book.truncate(r)
                 status[b] = st.IDLE
         self.book.close_calls(rows, closed, lengths, feed, ban, active)
+        forcing = view.forced_pos_B < view.forced_len_B if view.forced_pos_B is not None else np.zeros(len(rows), bool)
         for b, r in enumerate(rows):
             if status[b] == st.RUNNING and (budget[b] <= 0 or len(r.ctx) >= self.max_len):
                 r.finish = "budget" if budget[b] <= 0 else "cache_full"
                 status[b] = st.IDLE
                 if in_call[b]:
                     self.book.truncate(r)
+            elif (status[b] == st.RUNNING and self._done_when is not None and self._done_when[b] is not None
+                  and not (in_call[b] or feed[b] or forcing[b]) and self._done_when[b](r.ctx)):
+                r.finish = "done"
+                status[b] = st.IDLE
         cache, logits = s.cache.replace(lengths_B=lengths), s.logits_BxV
         if any(feed):
             cache, logits = prefill(self.graphdef, self.params, cache, logits, feed, self.spec.pad_id, donate=True)
@@ -308,7 +322,8 @@ def generate_with_memory(model, tokenizer, memory, prompts: Sequence[str | Seque
                          sampling: SamplingConfig = GREEDY, chunk: int = 32, max_len: int | None = None,
                          batch_size: int = 16, force_read: bool | Sequence[bool] = False,
                          gold_queries: Sequence[Sequence[protocol.Query] | None] | None = None,
-                         q_thr: int | None = None, seed: int = 0, reads: str = "auto") -> list[GenerationResult]:
+                         q_thr: int | None = None, seed: int = 0, reads: str = "auto", stop_ids: Sequence[int] = (),
+                         done_when: Sequence[Callable[[list[int]], bool] | None] | None = None) -> list[GenerationResult]:
     """Generate a continuation of each prompt with memory reads (paper §3.2), `batch_size` rows at a time.
 
     Text prompts are escaped (so they cannot trigger memory operations) and get a BOS; token-id prompts are
@@ -316,7 +331,10 @@ def generate_with_memory(model, tokenizer, memory, prompts: Sequence[str | Seque
     queries of that call, answered before generation starts. `memory` is one memory for every prompt, or a
     sequence of memories, one per prompt (rows with different memories share the batch). `reads`: "host" or
     "in_loop", where reads are served (`reader` module docstring; same greedy results), or "auto" (default,
-    `choose_reads`: in-loop when a batch has several rows).
+    `choose_reads`: in-loop when a batch has several rows). Two ways to end rows early, for a caller that needs
+    only the start of the text: `stop_ids`, tokens that end a row when sampled outside a call (checked at every
+    step), and `done_when`, per prompt a test of the row's context (prompt + generated ids), checked at each
+    loop exit while no call is open (e.g. "the first non-empty line is complete").
     """
     n = len(prompts)
     per_row = isinstance(memory, (list, tuple))
@@ -330,10 +348,11 @@ def generate_with_memory(model, tokenizer, memory, prompts: Sequence[str | Seque
         max_len = -(-need // 128) * 128
     controller = ReadController(model, tokenizer, memory[0] if per_row and n else memory, max_len=max_len,
                                 chunk=chunk, sampling=sampling, q_thr=q_thr, seed=seed,
-                                reads=choose_reads(reads, min(batch_size, n)))
+                                reads=choose_reads(reads, min(batch_size, n)), stop_ids=stop_ids)
     make_cache = cache_factory(model)
     out: list[GenerationResult] = []
     for i in range(0, n, batch_size):
         out += controller.run(ids[i : i + batch_size], max_new_tokens, make_cache,
-                              memories=memory[i : i + batch_size] if per_row else None)
+                              memories=memory[i : i + batch_size] if per_row else None,
+                              done_when=done_when[i : i + batch_size] if done_when is not None else None)
     return out

@@ -33,9 +33,12 @@ re-fed after removing a call) do not fit the forced-token queue; the host prefil
 
 REPEAT = 9
 """Memory writes: the row's last tokens repeat the ones right before them (the call loops on its items)."""
+DONE = 10
+"""The row sampled one of the caller's stop tokens outside any call (`LoopSpec.stop_ids`)."""
 
 STATUS_NAMES = {RUNNING: "running", EOS: "eos", READ_PAUSE: "read", OPEN_PAUSE: "open", BUDGET: "budget",
-                FULL: "cache_full", STOPPED: "late_stop", IDLE: "idle", HOST_FEED: "host_feed", REPEAT: "repeat"}
+                FULL: "cache_full", STOPPED: "late_stop", IDLE: "idle", HOST_FEED: "host_feed", REPEAT: "repeat",
+                DONE: "done"}
 
 
 @struct.dataclass

@@ -121,7 +121,24 @@ def extract_answer(plain_text: str) -> str:
 
 def extract_cloze_answer(plain_text: str) -> str:
     """The generated continuation of a cloze prompt up to the end of its clause (`.`, `,`, `;` or a line break)."""
-    return re.split(r"[.,;\n]", plain_text, maxsplit=1)[0].strip()
+    return re.split(_CLAUSE_END, plain_text, maxsplit=1)[0].strip()
+
+
+_CLAUSE_END = r"[.,;\n]"
+
+
+def clause_end_ids(tok: Any) -> list[int]:
+    """The ids of the tokens whose text holds a clause end: outside calls, the first one sampled completes a
+    cloze answer."""
+    return [i for i in range(tok.vocab_size) if re.search(_CLAUSE_END, tok.decode([i]))]
+
+
+def answer_complete(plain_text: str, style: str) -> bool:
+    """Whether more text can no longer change the answer `extract_answer` (QA: a complete non-empty line) or
+    `extract_cloze_answer` (a clause end) takes from `plain_text`."""
+    if style == "cloze":
+        return re.search(_CLAUSE_END, plain_text) is not None
+    return any(extract_answer(line) for line in plain_text.split("\n")[:-1])
 
 
 def build_cloze_prompt_ids(tok: Any, prompt: str) -> list[int]:
@@ -188,17 +205,28 @@ def answer_questions(read_model: Any, tok: Any, memory: Any, questions: Sequence
         prompts, extract = [build_prompt_ids(tok, shots, q) for q in questions], extract_answer
     else:
         prompts, extract = [build_cloze_prompt_ids(tok, q) for q in questions], extract_cloze_answer
-    res = generate_with_memory(read_model, tok, memory, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
-    return [extract(_text_after(tok, r, q)) for r, q in zip(res, questions)]
+    # A row stops once its answer is complete (the same answer as generating to the budget, in fewer steps): a
+    # cloze answer at the first clause end it writes; a QA answer once a loop exit finds its line complete.
+    if style == "cloze":
+        stops, done = clause_end_ids(tok), None
+    else:
+        stops = ()
+        done = [lambda ids, q=q, n=len(p): answer_complete(_text_after(tok, ids, n, q), style)
+                for p, q in zip(prompts, questions)]
+    res = generate_with_memory(read_model, tok, memory, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                               chunk=16, stop_ids=stops, done_when=done)
+    return [extract(_text_after(tok, list(r.prompt_ids) + list(r.token_ids), len(r.prompt_ids), q))
+            for r, q in zip(res, questions)]
 
 
-def _text_after(tok: Any, result: Any, question: str) -> str:
-    """The plain text after the question. The forced read opens inside the prompt (and a removed one rewinds
-    into it), so calls are stripped from the whole final context, not from the generated tokens alone."""
-    plain = protocol.strip_calls(tok.decode(list(result.prompt_ids) + list(result.token_ids)))
+def _text_after(tok: Any, ids: Sequence[int], prompt_len: int, question: str) -> str:
+    """The plain text after the question in a row's context `ids` (prompt + generated). The forced read opens
+    inside the prompt (and a removed one rewinds into it), so calls are stripped from the whole context, not
+    from the generated tokens alone."""
+    plain = protocol.strip_calls(tok.decode(list(ids)))
     question = question.rstrip()  # a cloze prompt's trailing space is not in it (`build_cloze_prompt_ids`)
     at = plain.rfind(question)
-    return plain[at + len(question):] if at >= 0 else result.plain_text
+    return plain[at + len(question):] if at >= 0 else protocol.strip_calls(tok.decode(list(ids[prompt_len:])))
 
 
 @dataclasses.dataclass

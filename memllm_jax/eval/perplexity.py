@@ -4,8 +4,12 @@ One forward scores a document without any read. Each read then costs one forward
 BOS + text before the read + the read call and its result + the text from the read position on (up to the
 next gold read when positions are gold). With model-chosen positions the next read is the first later
 position whose most likely token (in the current path context) is `({MEM_READ(`; documents advance in
-rounds, each round one forward per document that still reads, batched. Token probabilities are then
-combined with the paper's mixture (see `mixture.py` for exactly which context each token is scored in).
+rounds, each round one forward per document that still reads, batched. Such a forward covers only the
+next `ReadSetting.window` text tokens: when no read position lies among them, the next round scores the same
+read again over twice as many (a causal model's scores of a prefix do not depend on what follows, so this
+gives the scores of one forward to the end, at a fraction of the tokens when reads are close together).
+Token probabilities are then combined with the paper's mixture (see `mixture.py` for exactly which context
+each token is scored in).
 
 A read's call is `({MEM_READ(` + queries + `)-->`; its result is the merged entities of every query whose
 result set is neither empty nor too large, then `})`. A read whose result is empty is removed (paper §3.2),
@@ -46,6 +50,9 @@ class ReadSetting:
     """Most reads per document with model positions (a guard against a model that reads everywhere)."""
     max_query_tokens: int = 64
     """Most generated tokens for one read call's queries."""
+    window: int = 32
+    """With model positions: text tokens a read's forward scores at first (doubled until the next read position
+    or the document's end is covered); 0 scores to the end at once."""
 
 
 @dataclasses.dataclass
@@ -63,6 +70,10 @@ class _DocState:
     active: bool = True
     forward: Any = None
     forward_shift: int = 0
+    covered: int = 0
+    """`forward` scores text tokens up to (not including) this one."""
+    last_read: Any = None
+    """The read whose forward is `forward` (None: the plain forward)."""
     events: list | None = None
     """Traced documents only: one `trace.read_event` per read."""
 
@@ -95,6 +106,9 @@ class _Read:
     call_ids: list = dataclasses.field(default_factory=list)
     result_ids: list = dataclasses.field(default_factory=list)
     end: int = 0
+    """The last text token its forward scores."""
+    extends: bool = False
+    """The document's last read scored again over more text (no new call, query or result)."""
 
 
 @dataclasses.dataclass
@@ -120,9 +134,13 @@ def _merge_results(results: Sequence[Any]) -> list[str]:
 
 
 def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory: Any, setting: ReadSetting,
-                        *, batch_size: int = 8, progress: Callable[[str], None] | None = None,
+                        *, batch_size: int = 8, generate_batch: int = 32, progress: Callable[[str], None] | None = None,
                         trace_docs: int = 0) -> PerplexityResult:
     """Perplexities of `model` on `docs` with reads answered by `memory` (a TripleMemory, or None).
+
+    `batch_size`: sequences per scoring forward; `generate_batch`: reads per batch of query generation (a
+    decoding step reads every weight for any number of rows: with SmolLM2 on a 2-core CPU a step of 32 rows
+    takes 1.7x one of 8, measured 2026-11-25).
 
     `trace_docs`: for the first that many documents also return a read trace (`eval.trace`): every read's call,
     queries, results and fate, and each token's loss with these reads and without any (the plain forward)."""
@@ -131,14 +149,14 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
     scorer = Scorer(model, mr_id, batch_size=batch_size, pad_id=tok.pad_id)
     generator = None
     if setting.positions != "none" and setting.queries == "model":
-        generator = GreedyGenerator(model, batch_size=batch_size, pad_id=tok.pad_id)
+        generator = GreedyGenerator(model, batch_size=generate_batch, pad_id=tok.pad_id)
 
     states = []
     plain = scorer.score([[tok.bos_id] + e.ids for e in docs], keep_kv=True)
     for e, f in zip(docs, plain):
         T = len(e.ids)
         states.append(_DocState(e, f.lp_next[:T].copy(), f.lp_mr[:T].copy(), np.zeros(T), np.zeros(T, bool),
-                                forward=f, forward_shift=0, events=[] if len(states) < trace_docs else None))
+                                forward=f, forward_shift=0, covered=T, events=[] if len(states) < trace_docs else None))
     logp_plain = [s.logp_path.copy() for s in states[:trace_docs]]
     plain_by_id = {id(s): f for s, f in zip(states, plain)}
     if setting.positions == "none":
@@ -158,6 +176,8 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
             reads += new
         if not reads:
             break
+        extensions = [r for r in reads if r.extends]
+        reads = [r for r in reads if not r.extends]
         # Queries.
         need_gen = [r for r in reads if setting.queries == "model"]
         if need_gen:
@@ -200,7 +220,7 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
             else:
                 r.call_ids, r.result_ids = [], []  # removed read: the text context alone
         # One forward per read (reads returning nothing reuse the plain forward).
-        to_score = [r for r in reads if r.call_ids]
+        to_score = [r for r in reads if r.call_ids] + extensions
         # A read's context before it is the plain text (an earlier read is removed when a new one starts), so
         # its continuation attends to the plain forward's keys / values of BOS + text[:pos].
         conts = [r.call_ids + r.result_ids + r.state.enc.ids[r.pos:r.end + 1] for r in to_score]
@@ -209,7 +229,7 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
         else:
             scores = scorer.score([[tok.bos_id] + r.state.enc.ids[:r.pos] + c for r, c in zip(to_score, conts)])
         scored = dict(zip(map(id, to_score), scores))
-        for r in sorted(reads, key=lambda r: r.pos):
+        for r in sorted(reads + extensions, key=lambda r: r.pos):
             s = r.state
             if id(r) in scored:
                 f, shift = scored[id(r)], len(r.call_ids) + len(r.result_ids)
@@ -222,9 +242,13 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
             s.logp_read[lo] = f.lp_next[lo + shift]
             s.logp_path[lo + 1:hi] = f.lp_next[lo + 1 + shift:hi + shift]
             s.logp_mr[lo + 1:hi] = f.lp_mr[lo + 1 + shift:hi + shift]
-            s.forward, s.forward_shift, s.cursor = f, shift, lo + 1
+            # After an extension the search goes on where the shorter forward ended (it found no read before).
+            s.cursor = s.covered if r.extends else lo + 1
+            s.forward, s.forward_shift = f, shift
+            s.covered, s.last_read = (hi, r) if id(r) in scored else (len(s.enc.ids), None)
         if progress:
-            progress(f"  round {round_no}: {len(reads)} reads, {len(to_score)} with results")
+            progress(f"  round {round_no}: {len(reads)} reads, {len(to_score) - len(extensions)} with results"
+                     + (f", {len(extensions)} scored further" if extensions else ""))
 
     per_doc, nlls, traces = [], [], []
     for s in states:
@@ -263,16 +287,20 @@ def _next_reads(s: _DocState, setting: ReadSetting, mr_id: int) -> list[_Read]:
     if s.n_reads >= setting.max_reads or s.cursor >= T:
         return []
     f, shift = s.forward, s.forward_shift
-    lo = s.cursor
+    lo, hi = s.cursor, s.covered
     if setting.read_threshold is None:
-        hits = np.nonzero(f.argmax[lo + shift:T + shift] == mr_id)[0]
+        hits = np.nonzero(f.argmax[lo + shift:hi + shift] == mr_id)[0]
     else:
-        hits = np.nonzero(f.lp_mr[lo + shift:T + shift] >= np.log(setting.read_threshold))[0]
+        hits = np.nonzero(f.lp_mr[lo + shift:hi + shift] >= np.log(setting.read_threshold))[0]
     if not len(hits):
-        return []
+        if hi >= T or s.last_read is None:
+            return []
+        last = s.last_read
+        return [dataclasses.replace(last, end=min(T, last.pos + 2 * (hi - last.pos)) - 1, extends=True)]
     pos = lo + int(hits[0])
     gold = None
     for p, g in zip(s.enc.read_tokens, s.enc.doc.reads):
         if p == pos:
             gold = g
-    return [_Read(s, pos, gold, end=T)]
+    end = T if setting.window <= 0 else min(T, pos + setting.window) - 1
+    return [_Read(s, pos, gold, end=end)]

@@ -8,6 +8,7 @@ length to buckets so that a handful of shapes are compiled per run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import jax
@@ -171,77 +172,78 @@ class Scorer:
 
 
 class GreedyGenerator:
-    """Batched greedy decoding with a KV cache until one of `stop_ids` (kept) or `max_new` tokens."""
+    """Batched greedy decoding with a KV cache until one of `stop_ids` (kept) or `max_new` tokens: the prompt
+    prefilled as the decoding loop does (`decode.loop.prefill`), then every new token of a batch in one jitted
+    while-loop (no host round trip per token), on caches of a few power-of-two lengths (few compiled shapes)."""
 
     def __init__(self, model: nnx.Module, batch_size: int = 8, pad_id: int = 0):
-        self.graphdef, self.state = nnx.split(model)
+        from memllm_jax.decode.loop import cache_factory, split_model
+
+        self.graphdef, self.params = split_model(model)
         self.cfg = getattr(model, "cfg", None)
-        self._make_cache = getattr(model, "make_cache", None)
+        self._own_cache = hasattr(model, "make_cache")  # scripted test models keep their context themselves
+        self._make_cache = cache_factory(model)
+        self.vocab = int(self.cfg.vocab_size) if self.cfg is not None else int(model.vocab_size)
         self.batch_size, self.pad_id = int(batch_size), int(pad_id)
-        graphdef = self.graphdef
-
-        def prefill(state, tokens_BxL, mask_BxL, cache):
-            m = nnx.merge(graphdef, state)
-            positions_BxL = cache.lengths_B[:, None] + jnp.arange(tokens_BxL.shape[1], dtype=jnp.int32)[None]
-            logits_BxLxV, cache = m(tokens_BxL, positions_BxL, attn_mask_BxL=mask_BxL, cache=cache)
-            last_B = mask_BxL.sum(-1) - 1
-            return jnp.argmax(logits_BxLxV[jnp.arange(tokens_BxL.shape[0]), last_B], -1), cache
-
-        def step(state, tok_B, cache):
-            m = nnx.merge(graphdef, state)
-            logits_Bx1xV, cache = m(tok_B[:, None], cache.lengths_B[:, None], cache=cache)
-            return jnp.argmax(logits_Bx1xV[:, 0], -1), cache
-
-        self._prefill = jax.jit(prefill)
-        self._step = jax.jit(step)
 
     def generate(self, prefixes: Sequence[Sequence[int]], stop_ids: Sequence[int], max_new: int,
                  kept: Sequence[tuple[PrefixKV, int]] | None = None) -> list[list[int]]:
         """New tokens per prefix, ending with the stop token when one was produced. With `kept[i] = (kv, P)`,
         the first P tokens of prefix i are taken from kept keys / values (`Scorer.score(..., keep_kv=True)`)
         and only the rest is encoded (models without their own cache only)."""
-        stops = np.asarray(sorted(set(int(s) for s in stop_ids)), np.int64)
+        from memllm_jax.decode.loop import host, prefill
+
+        stops_S = jnp.asarray(sorted(set(int(s) for s in stop_ids)), jnp.int32)
+        B = self.batch_size
         out: list[list[int]] = []
-        if self._make_cache is not None:
+        if self._own_cache:
             kept = None
-        for start in range(0, len(prefixes), self.batch_size):
-            chunk = [list(p) for p in prefixes[start:start + self.batch_size]]
-            done_P = [0] * len(chunk) if kept is None else [P for _, P in kept[start:start + self.batch_size]]
+        for start in range(0, len(prefixes), B):
+            chunk = [list(p) for p in prefixes[start:start + B]]
+            done_P = [0] * len(chunk) if kept is None else [P for _, P in kept[start:start + B]]
             longest = max(len(p) for p in chunk)
+            need = longest + max_new
+            cache_len = 128
+            while cache_len < need:
+                cache_len *= 2
+            if self.cfg is not None:
+                cache_len = min(cache_len, max(int(self.cfg.max_seq_len), need))
+            cache = self._make_cache(B, cache_len)
             if kept is not None:
-                chunk = [p[P:] for p, P in zip(chunk, done_P)]
-            L = _bucket(max(len(p) for p in chunk), 16 if kept is not None else 64)
-            max_seq = self.cfg.max_seq_len if self.cfg is not None else L + max_new
-            need = (L if kept is None else longest) + max_new
-            cache_len = min(_bucket(need), max(max_seq, need))
-            if longest + max_new > cache_len:
-                raise ValueError(f"prefix of {longest} tokens + {max_new} new exceeds the cache ({cache_len})")
-            tokens = np.full((self.batch_size, L), self.pad_id, np.int32)
-            mask = np.zeros((self.batch_size, L), bool)
-            for b, p in enumerate(chunk):
-                tokens[b, :len(p)] = p
-                mask[b, :len(p)] = True
-            mask[len(chunk):, 0] = True  # unused rows hold one pad token so their lengths stay valid
-            if self._make_cache is not None:
-                cache = self._make_cache(self.batch_size, cache_len)
-            else:
-                cache = init_cache(self.cfg, self.batch_size, cache_len, jnp.dtype(self.cfg.compute_dtype))
-            if kept is not None:
-                cache = _with_prefixes(cache, [kv for kv, _ in kept[start:start + self.batch_size]], done_P)
-            nxt, cache = self._prefill(self.state, jnp.asarray(tokens), jnp.asarray(mask), cache)
-            new = [[] for _ in chunk]
-            done = np.zeros(len(chunk), bool)
-            for _ in range(max_new):
-                nxt_np = np.asarray(jax.device_get(nxt))
-                for b in range(len(chunk)):
-                    if not done[b]:
-                        new[b].append(int(nxt_np[b]))
-                        done[b] = bool(np.isin(nxt_np[b], stops))
-                if done.all():
-                    break
-                nxt, cache = self._step(self.state, nxt, cache)
-            out.extend(new)
+                cache = _with_prefixes(cache, [kv for kv, _ in kept[start:start + B]], done_P)
+            # unused rows hold one pad token so their lengths stay valid; they count as done from the start
+            rows = [p[P:] for p, P in zip(chunk, done_P)] + [[self.pad_id]] * (B - len(chunk))
+            cache, logits_BxV = prefill(self.graphdef, self.params, cache, np.zeros((B, self.vocab), np.float32),
+                                        rows, self.pad_id, donate=True)
+            idle_B = np.arange(B) >= len(chunk)
+            new_BxN = host(_greedy(self.graphdef, self.params, cache, logits_BxV, stops_S, idle_B, max_new=int(max_new)))
+            out.extend([int(t) for t in new_BxN[b] if t >= 0] for b in range(len(chunk)))
         return out
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new"))
+def _greedy(graphdef, params, cache, logits_BxV, stops_S, idle_B, max_new: int):
+    """Greedy tokens after the prefilled `cache` / `logits_BxV`: row b's new tokens in `[b, :n]`, -1 after; a
+    row stops after a token in `stops_S` (kept), the loop once every row stopped or after `max_new` tokens."""
+    from memllm_jax.decode.loop import merge
+
+    model = merge(graphdef, params)
+    B = logits_BxV.shape[0]
+
+    def cond(carry):
+        i, _, done_B, _, _ = carry
+        return (i < max_new) & ~jnp.all(done_B)
+
+    def body(carry):
+        i, next_B, done_B, new_BxN, cache = carry
+        new_BxN = new_BxN.at[:, i].set(jnp.where(done_B, -1, next_B))
+        done_B = done_B | jnp.isin(next_B, stops_S)
+        logits_Bx1xV, cache = model(next_B[:, None], cache.lengths_B[:, None], cache=cache)
+        return i + 1, jnp.argmax(logits_Bx1xV[:, 0], -1).astype(jnp.int32), done_B, new_BxN, cache
+
+    first_B = jnp.argmax(logits_BxV, -1).astype(jnp.int32)
+    carry = (jnp.int32(0), first_B, jnp.asarray(idle_B), jnp.full((B, max_new), -1, jnp.int32), cache)
+    return jax.lax.while_loop(cond, body, carry)[3]
 
 
 def _with_prefixes(cache, kvs: Sequence[PrefixKV], lengths: Sequence[int]):
