@@ -296,7 +296,7 @@ def _score(records, ans_src, ans_reph, ans_loc, ans_loc_base, edits, regime, in_
 
 def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, records: Sequence[EditRecord], *,
                      shots: Sequence[Shot] = ZSRE_SHOTS, regimes: Sequence[str] = ("sequential", "single"),
-                     memory_config=EDITING_MEMORY, batch_size: int = 16, max_new_tokens: int = 48,
+                     memory_config=EDITING_MEMORY, batch_size: int = 32, max_new_tokens: int = 48,
                      style: str = "qa", late_stopping: bool = True, grounded: bool = False,
                      relations: Collection[str] | None = None, min_confidence: float | None = None,
                      stop_repeats: bool = False, ban_repeats: int = 0,

@@ -134,13 +134,9 @@ def _merge_results(results: Sequence[Any]) -> list[str]:
 
 
 def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory: Any, setting: ReadSetting,
-                        *, batch_size: int = 8, generate_batch: int = 32, progress: Callable[[str], None] | None = None,
+                        *, batch_size: int = 8, progress: Callable[[str], None] | None = None,
                         trace_docs: int = 0) -> PerplexityResult:
     """Perplexities of `model` on `docs` with reads answered by `memory` (a TripleMemory, or None).
-
-    `batch_size`: sequences per scoring forward; `generate_batch`: reads per batch of query generation (a
-    decoding step reads every weight for any number of rows: with SmolLM2 on a 2-core CPU a step of 32 rows
-    takes 1.7x one of 8, measured 2026-11-25).
 
     `trace_docs`: for the first that many documents also return a read trace (`eval.trace`): every read's call,
     queries, results and fate, and each token's loss with these reads and without any (the plain forward)."""
@@ -149,7 +145,7 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
     scorer = Scorer(model, mr_id, batch_size=batch_size, pad_id=tok.pad_id)
     generator = None
     if setting.positions != "none" and setting.queries == "model":
-        generator = GreedyGenerator(model, batch_size=generate_batch, pad_id=tok.pad_id)
+        generator = GreedyGenerator(model, batch_size=batch_size, pad_id=tok.pad_id)
 
     states = []
     plain = scorer.score([[tok.bos_id] + e.ids for e in docs], keep_kv=True)
