@@ -93,7 +93,9 @@ class PipelineConfig:
     matmul_dtype: str | None = None
     """Operand dtype of the linear layers' matmuls of every model of the run, trained or evaluated (`ModelConfig.
     matmul_dtype`; None: each config's own). "bfloat16" multiplies bf16-rounded operands with float32
-    accumulation: TPU's default precision, several times faster than float32 on CPUs with AMX."""
+    accumulation: TPU's default precision, faster than float32 on CPUs with AMX and slower on CPUs without.
+    "auto": whichever is faster on this host (`model.matmul.fast_operand_dtype`), resolved when the pipeline
+    starts, so stage keys and `config.json` hold the dtype that ran."""
     encoder: str = "minilm"
     """Name encoder of every memory."""
     write_late_stopping: bool = True
@@ -239,6 +241,17 @@ def _upstream(name: str) -> list[str]:
     return [s for s in STAGES if s in seen]
 
 
+def resolve_host_settings(cfg: PipelineConfig, say: Callable[[str], None] = print) -> PipelineConfig:
+    """`cfg` with "auto" settings replaced by what this host runs fastest."""
+    from memllm_jax.model.matmul import AUTO, fast_operand_dtype
+
+    if cfg.matmul_dtype != AUTO:
+        return cfg
+    dtype = fast_operand_dtype()
+    say(f"matmul_dtype auto -> {dtype} on this host")
+    return dataclasses.replace(cfg, matmul_dtype=dtype)
+
+
 def train_overrides(cfg: PipelineConfig) -> tuple[str, ...]:
     """The training configs' overrides: `cfg.train_overrides`, then `cfg.matmul_dtype` for every section."""
     if cfg.matmul_dtype is None:
@@ -265,7 +278,7 @@ def _resolved_train_config(module: str, section: str, overrides: tuple[str, ...]
 
 class Pipeline:
     def __init__(self, cfg: PipelineConfig, out: str | pathlib.Path, say: Callable[[str], None] = print):
-        self.cfg, self.out, self.say = cfg, pathlib.Path(out), say
+        self.cfg, self.out, self.say = resolve_host_settings(cfg, say), pathlib.Path(out), say
         self._cache: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------ driver

@@ -172,6 +172,23 @@ def test_matmul_dtype_reaches_every_training_config_and_reruns_everything_traine
     assert [s for s in STAGES if stage_key(base, s) != stage_key(bf16, s)] == list(STAGES[STAGES.index("pretrain"):])
 
 
+def test_auto_matmul_dtype_is_resolved_once_to_this_hosts_fast_dtype(tmp_path, monkeypatch):
+    """"auto" becomes a concrete dtype when the pipeline starts: its stage keys and config.json then name the
+    dtype that ran, and a run on a host of the other kind does not reuse its stages."""
+    from experiments.pipeline import Pipeline
+    from memllm_jax.model import matmul
+
+    said = []
+    for host_dtype in ("float32", "bfloat16"):
+        monkeypatch.setattr(matmul, "fast_operand_dtype", lambda: host_dtype)
+        pipe = Pipeline(PipelineConfig(base_model="", matmul_dtype="auto"), tmp_path, say=said.append)
+        assert pipe.cfg.matmul_dtype == host_dtype
+        assert stage_key(pipe.cfg, "mw") == stage_key(PipelineConfig(base_model="", matmul_dtype=host_dtype), "mw")
+    assert said == ["matmul_dtype auto -> float32 on this host", "matmul_dtype auto -> bfloat16 on this host"]
+    assert Pipeline(PipelineConfig(matmul_dtype="float32"), tmp_path, say=said.append).cfg.matmul_dtype == "float32"
+    assert len(said) == 2  # nothing to resolve, nothing said
+
+
 def test_context_bound_covers_the_longest_evaluation_document(tmp_path):
     import types
 

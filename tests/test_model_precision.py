@@ -12,7 +12,7 @@ from flax import nnx
 
 from memllm_jax.config import LoraConfig, ModelConfig
 from memllm_jax.model.dropout import HashDropout, hash_uniform_bits
-from memllm_jax.model.matmul import matmul, mixed_matmul
+from memllm_jax.model.matmul import fast_operand_dtype, matmul, mixed_matmul
 from memllm_jax.model.mistral import Mistral
 
 CFG = ModelConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
@@ -157,3 +157,12 @@ def test_hash_bits_are_uniform():
 def test_hash_dropout_rejects_what_it_does_not_implement():
     with pytest.raises(ValueError, match="broadcast_dims"):
         HashDropout(0.1, broadcast_dims=(0,), rngs=nnx.Rngs(dropout=0))(jnp.ones((4, 4)), deterministic=False)
+
+
+def test_fast_operand_dtype_is_bf16_on_accelerators_and_amx_cpus_only():
+    amx = "processor\t: 0\nflags\t\t: fpu avx512f avx512_vnni amx_bf16 amx_tile amx_int8\n"
+    avx512 = "processor\t: 0\nflags\t\t: fpu avx512f avx512_vnni avx512bw\n"
+    assert fast_operand_dtype("cpu", amx) == "bfloat16"
+    assert fast_operand_dtype("cpu", avx512) == "float32"
+    assert fast_operand_dtype("cpu", "model name\t: amx_bf16 in a name, not a flag\n") == "float32"
+    assert fast_operand_dtype("tpu", avx512) == fast_operand_dtype("gpu", "") == "bfloat16"

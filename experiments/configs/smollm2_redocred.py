@@ -72,7 +72,7 @@ def get_config() -> PipelineConfig:
                           labels=str(SHARED / "docred" / "rel_info.json"), eval_docs=50, outside_docs=50,
                           write_context_free=1, read_context_free=1, write_question_form=2, read_question_form=2,
                           read_misread_rate=0.5,
-                          base_model="smollm2-135m", matmul_dtype="bfloat16", mw_config="mw_smollm2", mr_config="mr_smollm2",
+                          base_model="smollm2-135m", matmul_dtype="auto", mw_config="mw_smollm2", mr_config="mr_smollm2",
                           train_overrides=("mw.seq_len=512", "mr.seq_len=512", "mw.buckets=(256, 512)",
                                            "mr.buckets=(256, 512)", "mw.steps=200", "mr.steps=90"),
                           editing=str(SHARED / "zsre" / "zsre_dev200.json"), n_edits=198,

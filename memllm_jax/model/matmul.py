@@ -81,3 +81,34 @@ def matmul(x_TxI: jax.Array, w: jax.Array, operand_dtype: str | None = None, out
         spec = "TI,OI->TO" if transposed else "TI,IO->TO"
         return jnp.einsum(spec, x_TxI, w, preferred_element_type=out_dtype)
     return mixed_matmul(x_TxI, w, operand_dtype, transposed).astype(out_dtype or x_TxI.dtype)
+
+
+AUTO = "auto"
+"""`PipelineConfig.matmul_dtype` / `--matmul-dtype` value: the fastest operand dtype of this host (`fast_operand_dtype`)."""
+
+
+def cpu_has_amx_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU advertises AMX bf16 tiles (`amx_bf16` in /proc/cpuinfo's flags; False where it is unreadable)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return False
+    return any(line.startswith("flags") and "amx_bf16" in line.split() for line in cpuinfo.splitlines())
+
+
+def fast_operand_dtype(backend: str | None = None, cpuinfo: str | None = None) -> str:
+    """The matmul operand dtype that runs fastest here: "bfloat16" on TPUs, GPUs and CPUs with AMX, "float32" on
+    other CPUs. Measured on two 2-core Xeons (SmolLM2-135M LoRA step, 4 x 256 tokens): with AMX bf16 operands were
+    1.37x faster than float32; without AMX (AVX-512 only) XLA's bf16 dots ran at 208 GFLOP/s against 303 for
+    float32 and the step was 1.37x slower (5.2 against 3.8 s)."""
+    backend = backend or jax.default_backend()
+    if backend != "cpu":
+        return "bfloat16"
+    return "bfloat16" if cpu_has_amx_bf16(cpuinfo) else "float32"
+
+
+def resolve_operand_dtype(name: str | None) -> str | None:
+    """`name`, with "auto" replaced by this host's `fast_operand_dtype()`."""
+    return fast_operand_dtype() if name == AUTO else name
