@@ -259,9 +259,18 @@ def train_overrides(cfg: PipelineConfig) -> tuple[str, ...]:
     return cfg.train_overrides + tuple(f"{s}.model.matmul_dtype={cfg.matmul_dtype}" for s in ("pretrain", "mw", "mr"))
 
 
+_TRAINING_STAGES = ("tokenizer", "pretrain", "mw", "mr")
+_EVAL_SPLIT_FIELDS = ("eval_corpus", "eval_docs", "outside_docs")
+"""Once `eval_corpus` names a separate file, these settings choose only the evaluation and outside documents
+(every document of `corpus` trains), so the training stages do not depend on them: evaluating the same adapters
+on another file reruns the corpus split and the evaluations, not the training."""
+
+
 def stage_key(cfg: PipelineConfig, name: str) -> str:
     """A stage's key covers its own settings and those of every stage upstream of it (its inputs)."""
     settings = {s: {f: getattr(cfg, f) for f in _DEPENDS[s]} for s in _upstream(name)}
+    if name in _TRAINING_STAGES and cfg.eval_corpus:
+        settings["corpus"] = {f: v for f, v in settings["corpus"].items() if f not in _EVAL_SPLIT_FIELDS}
     for stage, module_field in (("pretrain", "pretrain_config"), ("mw", "mw_config"), ("mr", "mr_config")):
         if stage in settings:  # the training config's contents, not just its module name
             settings[stage]["resolved"] = _resolved_train_config(getattr(cfg, module_field), stage, train_overrides(cfg))

@@ -44,6 +44,9 @@ def _load_corpus_file(path: str, field: str) -> list:
 def stage_corpus(self):
     cfg, data = self.cfg, self.out / "data"
     n_eval, n_out = cfg.eval_docs, cfg.outside_docs
+    if cfg.corpus == "synthetic" and cfg.eval_corpus:
+        raise InputError(f"eval_corpus={cfg.eval_corpus!r} needs a DocRED-format file as corpus, not \"synthetic\" "
+                         "(PipelineConfig.eval_corpus)")
     if cfg.corpus == "synthetic" and cfg.heldout_world:
         from data_gen.synthetic import heldout_split
 

@@ -299,6 +299,20 @@ def test_eval_corpus_file_supplies_the_held_out_documents(tmp_path):
     assert len((out / "data" / "eval" / "eval.jsonl").read_text().splitlines()) == 4
     with pytest.raises(InputError, match=r"held.json: 12 documents, fewer than eval_docs \+ outside_docs = 13"):
         Pipeline(dataclasses.replace(cfg, eval_docs=10), tmp_path / "few", lambda _m: None).run(("corpus",))
+    with pytest.raises(InputError, match=r"eval_corpus=.*held.json.* needs a DocRED-format file as corpus"):
+        Pipeline(dataclasses.replace(cfg, corpus="synthetic"), tmp_path / "synth", lambda _m: None).run(("corpus",))
+
+
+def test_another_evaluation_file_reruns_the_evaluations_not_the_training():
+    """With `eval_corpus` set, the evaluation file and the eval / outside counts pick only held-out documents, so
+    the training stages keep their keys; without it they split `corpus` itself and so retrain."""
+    a = PipelineConfig(corpus="train.json", eval_corpus="test.json")
+    for other in (dataclasses.replace(a, eval_corpus="dev.json"), dataclasses.replace(a, eval_docs=10, outside_docs=5)):
+        assert all(stage_key(a, s) == stage_key(other, s) for s in ("tokenizer", "pretrain", "mw", "mr"))
+        assert all(stage_key(a, s) != stage_key(other, s) for s in ("corpus", "memory", "table2", "editing"))
+    assert stage_key(a, "mw") != stage_key(dataclasses.replace(a, corpus="train2.json"), "mw")
+    split_itself = PipelineConfig(corpus="test.json")
+    assert stage_key(split_itself, "mw") != stage_key(dataclasses.replace(split_itself, eval_docs=10), "mw")
 
 
 def test_a_development_threshold_before_the_memory_stage_is_a_clear_error(tmp_path):
