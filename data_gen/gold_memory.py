@@ -3,7 +3,7 @@
 `GoldLookup` answers a query by exact (case-insensitive, whitespace-normalised) match of the given entity
 against every full-mention surface form of the entities in the gold triples, and returns the other entity's
 canonical name (its first full mention). `fill_memory` writes a corpus's gold triples into a
-`memllm_jax.memory.TripleMemory`; `memory_query_fn` adapts that memory to the builder's `query_fn`.
+`memllm_jax.memory.TripleMemory` (`unique_gold_triples`: the same triples as a list, in its order); `memory_query_fn` adapts that memory to the builder's `query_fn`.
 `gold_triples` / `entity_gold`: a document's gold facts as triples of canonical names / as relations between
 entities with all their names, what written memories are scored against (`memllm_jax.eval.write_quality`).
 """
@@ -79,6 +79,12 @@ class GoldLookup:
             table, key = (self._objects, q.subject) if q.is_object_query else (self._subjects, q.object)
             out.append(list(table.get((normalize_name(key or ""), normalize_name(q.relation)), ())))
         return out
+
+
+def unique_gold_triples(docs: Iterable[Document]) -> list[P.Triple]:
+    """The documents' gold triples, each once, in the order `fill_memory` stores them (first occurrence first):
+    a memory built from this list answers every query exactly as the filled one, ties included."""
+    return list(dict.fromkeys(t for doc in docs for t in gold_triples(doc)))
 
 
 def fill_memory(memory, docs: Iterable[Document], batch_docs: int = 256) -> int:

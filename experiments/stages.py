@@ -450,7 +450,7 @@ def stage_editing(self):
 
 
 def stage_scaling(self):
-    from data_gen.gold_memory import gold_triples
+    from data_gen.gold_memory import gold_triples, unique_gold_triples
     from experiments.tables import plot_scaling, scaling_markdown
     from memllm_jax.eval.rows import ROWS
     from memllm_jax.eval.scaling import memory_growth, perplexity_vs_memory_size
@@ -459,7 +459,7 @@ def stage_scaling(self):
         self.say("  no scaling sizes or growth checkpoints: skipped (earlier results kept)")
         return {"skipped": True}
     docs = self.eval_docs()
-    base = sorted({t for d in docs for t in d.doc.triples})
+    base = unique_gold_triples(_documents(self, "eval"))  # in the gold memory's order: the +0 point is row ⑦
     base_set = set(base)
     distractors = sorted({t for doc in _documents(self, "train") for t in gold_triples(doc)} - base_set)
     random.Random(0).shuffle(distractors)

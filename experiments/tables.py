@@ -175,19 +175,19 @@ def plot_scaling(points: Sequence[Mapping], growth: Sequence[Mapping], path: str
         for key in ("target", "entity", "overall"):
             a.plot(xs, [p["ppl"].get(key, float("nan")) for p in points], marker="o", label=key.upper())
         a.set_xscale("symlog")
+        a.legend()
     a.set_xlabel("triples in memory")
     a.set_ylabel("perplexity")
     a.set_title("Perplexity vs memory size")
-    a.legend()
     if growth:
         xs = [g["triples"] for g in growth]
         b.plot(xs, [g["records_per_triple"] for g in growth], marker="o", label="MemLLM: entity+relation records / triple")
         b.plot(xs, [1.0] * len(xs), linestyle="--", label="one vector per fact")
         b.set_xscale("log")
+        b.legend()
     b.set_xlabel("stored triples")
     b.set_ylabel("fraction of vectors vs one-per-fact")
     b.set_title("Figure 4 analogue: memory efficiency")
-    b.legend()
     _savefig(fig, path)
     plt.close(fig)
     return path

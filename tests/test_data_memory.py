@@ -3,7 +3,7 @@
 import pytest
 
 from data_gen.docred import documents_from_raw
-from data_gen.gold_memory import GoldLookup, fill_memory, gold_triples, memory_query_fn
+from data_gen.gold_memory import GoldLookup, fill_memory, gold_triples, memory_query_fn, unique_gold_triples
 from data_gen.read_examples import scan_read_points
 from data_gen.synthetic import iter_synthetic, synthetic_rel_info
 
@@ -15,8 +15,12 @@ def test_filled_memory_agrees_with_gold_lookup():
 
     docs = list(documents_from_raw(iter_synthetic(40, seed=5), synthetic_rel_info()))
     mem = memory.TripleMemory(memory.load_encoder("hash:256"), MemoryConfig())
-    n = fill_memory(mem, docs)
+    n = fill_memory(mem, docs, batch_docs=7)
     assert n == sum(len(gold_triples(d)) for d in docs)
+    # the scaling stage's base memory is built from this list: same triples, same order, so the same answers
+    ordered = unique_gold_triples(docs)
+    assert [(r["subject"], r["relation"], r["object"]) for r in mem.records()] == [(t.subject, t.relation, t.object) for t in ordered]
+    assert len(ordered) < n  # the synthetic documents restate facts, so the order of first occurrences matters
     gold = GoldLookup().add_documents(docs)
     qfn = memory_query_fn(mem)
     agree = total = 0
