@@ -3,7 +3,8 @@
 `GoldLookup` answers a query by exact (case-insensitive, whitespace-normalised) match of the given entity
 against every full-mention surface form of the entities in the gold triples, and returns the other entity's
 canonical name (its first full mention). `fill_memory` writes a corpus's gold triples into a
-`memllm_jax.memory.TripleMemory` (`unique_gold_triples`: the same triples as a list, in its order); `memory_query_fn` adapts that memory to the builder's `query_fn`.
+`memllm_jax.memory.TripleMemory` (`unique_gold_triples`: the same triples as a list, in its order);
+`memory_query_fn` adapts that memory to the builder's `query_fn`.
 `gold_triples` / `entity_gold`: a document's gold facts as triples of canonical names / as relations between
 entities with all their names, what written memories are scored against (`memllm_jax.eval.write_quality`).
 """

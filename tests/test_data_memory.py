@@ -19,7 +19,8 @@ def test_filled_memory_agrees_with_gold_lookup():
     assert n == sum(len(gold_triples(d)) for d in docs)
     # the scaling stage's base memory is built from this list: same triples, same order, so the same answers
     ordered = unique_gold_triples(docs)
-    assert [(r["subject"], r["relation"], r["object"]) for r in mem.records()] == [(t.subject, t.relation, t.object) for t in ordered]
+    stored = [(r["subject"], r["relation"], r["object"]) for r in mem.records()]
+    assert stored == [(t.subject, t.relation, t.object) for t in ordered]
     assert len(ordered) < n  # the synthetic documents restate facts, so the order of first occurrences matters
     gold = GoldLookup().add_documents(docs)
     qfn = memory_query_fn(mem)
