@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memllm_jax.decode.sampling import SamplingConfig, choose, filter_logits
+from memllm_jax.decode.sampling import SamplingConfig, argmax, choose, filter_logits
 
 
 def reference_keep(logits, top_k, top_p):
@@ -42,3 +42,25 @@ def test_sampling_is_reproducible_and_follows_the_distribution():
     np.testing.assert_allclose(freq, [0.7, 0.2, 0.1, 0.0], atol=0.03)
     top1 = np.asarray(choose(logits, jax.random.PRNGKey(2), SamplingConfig(temperature=1.0, top_k=1)))
     assert (top1 == 0).all() and (np.asarray(choose(logits, None, SamplingConfig())) == 0).all()
+
+
+@pytest.mark.parametrize("shape", [(16, 256), (3, 5, 7), (1, 1)])
+def test_argmax_is_jnp_argmax(shape):
+    """Ties (the first maximum), NaN (the first NaN, which XLA's CPU max may skip), all -inf, every axis."""
+    rng = np.random.default_rng(len(shape))
+    for case in ("normal", "ties", "nan", "-inf"):
+        x = rng.normal(size=shape).astype(np.float32)
+        if case == "ties":
+            x = np.round(x)
+        elif case == "nan":
+            x[..., rng.integers(shape[-1])] = np.nan
+            x.reshape(-1)[:: 3] = np.nan
+        elif case == "-inf":
+            x[:] = -np.inf
+        for axis in range(-len(shape), len(shape)):
+            got = jax.jit(argmax, static_argnums=1)(jnp.asarray(x), axis)
+            assert got.dtype == jnp.int32
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(jnp.argmax(jnp.asarray(x), axis=axis)),
+                                          err_msg=f"{case}, axis {axis}")
+    ints = jnp.asarray(rng.integers(0, 4, (6, 9)).astype(np.int32))
+    np.testing.assert_array_equal(np.asarray(argmax(ints)), np.asarray(jnp.argmax(ints, axis=-1)))

@@ -47,8 +47,27 @@ def filter_logits(logits_BxV: jax.Array, cfg: SamplingConfig) -> jax.Array:
     return logits_BxV
 
 
+def argmax(x: jax.Array, axis: int = -1) -> jax.Array:
+    """`jnp.argmax(x, axis)` as int32, the same index (the first maximum; the first NaN if there is one), computed
+    as two plain reductions: the maximum, then the first index holding it. XLA's CPU backend lowers `argmax` to one
+    reduction over (value, index) pairs that does not vectorise: 2.7x slower on 16 x 49,152 logits (a greedy step
+    of a SmolLM2-sized vocabulary, 3.7 ms against 1.4 ms per call) and 6x on 16 x 256, measured 2026-11-27."""
+    axis = axis % x.ndim
+    n = x.shape[axis]
+    index = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)
+
+    def first(hit):
+        return jnp.min(jnp.where(hit, index, n), axis=axis)
+
+    top = first(x == jnp.max(x, axis=axis, keepdims=True))
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return top
+    nan = first(jnp.isnan(x))  # XLA's CPU max may skip NaNs; jnp.argmax returns the first one
+    return jnp.where(nan < n, nan, top)
+
+
 def choose(logits_BxV: jax.Array, rng: jax.Array, cfg: SamplingConfig) -> jax.Array:
     """int32 next tokens of shape B."""
     if cfg.greedy:
-        return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+        return argmax(logits_BxV)
     return jax.random.categorical(rng, filter_logits(logits_BxV, cfg), axis=-1).astype(jnp.int32)

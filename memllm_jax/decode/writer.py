@@ -33,6 +33,7 @@ from memllm_jax import protocol
 from memllm_jax.decode import item_bans, state as st
 from memllm_jax.decode.loop import _layered, _stacked, cache_factory, merge, prefill, split_model, vocab_size
 from memllm_jax.decode.prefix import prefill_shared
+from memllm_jax.decode.sampling import argmax
 
 PATIENCE = 5
 """K in Appendix A."""
@@ -78,9 +79,9 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
         logits_BxV = item_bans.mask_banned(logits_BxV, s.bans, prefix_hash_B)
     logp_BxV = jax.nn.log_softmax(logits_BxV, axis=-1)
     # Top-2 by two argmaxes: lax.top_k lowers to a full sort of every row on CPU (~1 ms per step at B=16).
-    first_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+    first_B = argmax(logits_BxV)
     hit_BxV = jnp.arange(logits_BxV.shape[1])[None, :] == first_B[:, None]
-    second_B = jnp.argmax(jnp.where(hit_BxV, -jnp.inf, logits_BxV), axis=-1).astype(jnp.int32)
+    second_B = argmax(jnp.where(hit_BxV, -jnp.inf, logits_BxV))
     is_cut_B = running_B & (first_B == spec.close_id)
     cut_score_B = (s.sum_logp_B + logp_BxV[:, spec.close_id]) / (s.n_out_B + 1).astype(jnp.float32)
     improve_B = is_cut_B & (cut_score_B > s.best_score_B)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from memllm_jax.decode.sampling import argmax
 from memllm_jax.model.mistral import init_cache
 
 
@@ -68,7 +69,7 @@ class Scorer:
             logits_BxLxV, _ = m(tokens_BxL, positions_BxL, attn_mask_BxL=mask_BxL, cache=cache)
             logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
             lp_next_BxL = jnp.take_along_axis(logp_BxLxV[:, :-1], tokens_BxL[:, 1:, None], axis=-1)[..., 0]
-            return lp_next_BxL, logp_BxLxV[:, :-1, mr_id], jnp.argmax(logits_BxLxV[:, :-1], axis=-1)
+            return lp_next_BxL, logp_BxLxV[:, :-1, mr_id], argmax(logits_BxLxV[:, :-1])
 
         self._score = jax.jit(score)
 
@@ -78,7 +79,7 @@ class Scorer:
             logits_BxLxV, cache = m(tokens_BxL, positions_BxL, attn_mask_BxL=mask_BxL, cache=cache)
             logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
             lp_next_BxL = jnp.take_along_axis(logp_BxLxV[:, :-1], tokens_BxL[:, 1:, None], axis=-1)[..., 0]
-            return lp_next_BxL, logp_BxLxV[..., mr_id], jnp.argmax(logits_BxLxV, axis=-1), cache
+            return lp_next_BxL, logp_BxLxV[..., mr_id], argmax(logits_BxLxV), cache
 
         self._score_cached = None if make_cache is not None else jax.jit(score_cached)
         self.cfg = cfg
@@ -239,9 +240,9 @@ def _greedy(graphdef, params, cache, logits_BxV, stops_S, idle_B, max_new: int):
         new_BxN = new_BxN.at[:, i].set(jnp.where(done_B, -1, next_B))
         done_B = done_B | jnp.isin(next_B, stops_S)
         logits_Bx1xV, cache = model(next_B[:, None], cache.lengths_B[:, None], cache=cache)
-        return i + 1, jnp.argmax(logits_Bx1xV[:, 0], -1).astype(jnp.int32), done_B, new_BxN, cache
+        return i + 1, argmax(logits_Bx1xV[:, 0]), done_B, new_BxN, cache
 
-    first_B = jnp.argmax(logits_BxV, -1).astype(jnp.int32)
+    first_B = argmax(logits_BxV)
     carry = (jnp.int32(0), first_B, jnp.asarray(idle_B), jnp.full((B, max_new), -1, jnp.int32), cache)
     return jax.lax.while_loop(cond, body, carry)[3]
 
