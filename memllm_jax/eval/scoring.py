@@ -69,7 +69,7 @@ class Scorer:
             logits_BxLxV, _ = m(tokens_BxL, positions_BxL, attn_mask_BxL=mask_BxL, cache=cache)
             logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
             lp_next_BxL = jnp.take_along_axis(logp_BxLxV[:, :-1], tokens_BxL[:, 1:, None], axis=-1)[..., 0]
-            return lp_next_BxL, logp_BxLxV[:, :-1, mr_id], argmax(logits_BxLxV[:, :-1])
+            return lp_next_BxL, logp_BxLxV[:, :-1, mr_id], jnp.argmax(logits_BxLxV[:, :-1], axis=-1)
 
         self._score = jax.jit(score)
 
@@ -79,7 +79,7 @@ class Scorer:
             logits_BxLxV, cache = m(tokens_BxL, positions_BxL, attn_mask_BxL=mask_BxL, cache=cache)
             logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
             lp_next_BxL = jnp.take_along_axis(logp_BxLxV[:, :-1], tokens_BxL[:, 1:, None], axis=-1)[..., 0]
-            return lp_next_BxL, logp_BxLxV[..., mr_id], argmax(logits_BxLxV), cache
+            return lp_next_BxL, logp_BxLxV[..., mr_id], jnp.argmax(logits_BxLxV, axis=-1), cache
 
         self._score_cached = None if make_cache is not None else jax.jit(score_cached)
         self.cfg = cfg
