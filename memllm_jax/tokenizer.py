@@ -17,6 +17,8 @@ import pathlib
 import re
 from typing import Iterable, Sequence
 
+import numpy as np
+
 from memllm_jax import protocol
 from memllm_jax.errors import InputError
 
@@ -68,6 +70,14 @@ class Tokenizer:
             _save_json_atomic(out / "tokenizer.json", self._tok.to_str())
             _save_json_atomic(out / "memllm_tokenizer.json", json.dumps({"bos": BOS, "eos": EOS, "pad": PAD, "unk": UNK}))
         return out
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token-id sequences."""
+    a, b = np.asarray(a), np.asarray(b)
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
 
 
 def _save_json_atomic(path: pathlib.Path, text: str) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from memllm_jax import protocol
 from memllm_jax.train import data as D
-from train_fixtures import lm_records, make_tokenizer, write_jsonl, write_records
+from train_fixtures import document_write_records, lm_records, make_tokenizer, write_jsonl, write_records
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +164,74 @@ def test_packed_forward_equals_separate_forwards(tok, tmp_path):
     raise AssertionError("the plan held fewer than three examples")
 
 
+def test_pack_prefixes_lays_out_each_example_once_as_trunk_or_branch(tok, tmp_path):
+    """One document's examples share their pretext: each branch starts where it leaves its trunk (an earlier piece of
+    its row, laid out whole), before its first loss target, and sees the trunk's tokens before that point; every
+    example appears once per epoch, in fewer input slots than "pack_examples" needs."""
+    corpus = D.load_corpus([write_jsonl(tmp_path / "w.jsonl", document_write_records(24))], tok, seq_len=256)
+    planner = D.Planner(corpus, seq_len=256, global_batch=4, packing="pack_prefixes", seed=0, drop_last=False)
+    seen, branches, slots = [], 0, 0
+    for k in range(planner.batches_per_epoch):
+        plan = planner.plan(k)
+        b = D.materialize(plan, corpus, pad_id=tok.pad_id, micro_batches=1)
+        for r, pieces in enumerate(plan.rows):
+            assert sum(stop - start - 1 for _, start, stop in pieces) <= 256
+            for s, ((i, start, stop), trunk) in enumerate(zip(pieces, plan.trunks[r]), start=1):
+                ex = corpus.examples[i]
+                where = b["segment_ids"][0, r] == s
+                assert stop == len(ex.ids)
+                assert b["inputs"][0, r][where].tolist() == ex.ids[start:-1].tolist()
+                assert b["targets"][0, r][where].tolist() == ex.ids[start + 1:].tolist()
+                assert b["loss_mask"][0, r][where].tolist() == ex.loss[start + 1:].tolist()
+                assert b["positions"][0, r][where].tolist() == list(range(start, len(ex.ids) - 1))
+                if trunk < 0:
+                    assert start == 0 and not b["prefix_segment_ids"][0, r][where].any()
+                    continue
+                branches += 1
+                t_i, t_start, _ = pieces[trunk]
+                assert trunk < s - 1 and t_start == 0 and start >= D.MIN_SHARED_PREFIX
+                assert ex.ids[:start].tolist() == corpus.examples[t_i].ids[:start].tolist()
+                assert not ex.loss[: start + 1].any()  # every loss target is in the branch
+                assert set(b["prefix_segment_ids"][0, r][where]) == {trunk + 1}
+                assert set(b["prefix_lengths"][0, r][where]) == {start}
+            seen += [i for i, _, _ in pieces]
+            slots += sum(stop - start - 1 for _, start, stop in pieces)
+    assert sorted(seen) == list(range(len(corpus.examples)))
+    assert branches >= len(corpus.examples) // 3  # sentences 2-4 of a 5-sentence document share 16+ tokens
+    assert sum(len(e.ids) - 1 for e in corpus.examples) > 1.3 * slots
+
+
+@pytest.mark.parametrize("query_block", [0, 16])
+def test_prefix_packed_forward_equals_separate_forwards(tok, tmp_path, query_block):
+    """A branch computes what its example computes alone at the same positions (with and without query blocks)."""
+    import dataclasses
+
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from memllm_jax.config import TINY
+    from memllm_jax.model.mistral import Mistral
+
+    corpus = D.load_corpus([write_jsonl(tmp_path / "w.jsonl", document_write_records(3))], tok, seq_len=256)
+    planner = D.Planner(corpus, seq_len=256, global_batch=2, packing="pack_prefixes", seed=0, drop_last=False)
+    cfg = dataclasses.replace(TINY, vocab_size=max(TINY.vocab_size, tok.vocab_size), attention_block=query_block)
+    model = Mistral(cfg, rngs=nnx.Rngs(0))
+    checked = 0
+    for k in range(planner.batches_per_epoch):
+        plan = planner.plan(k)
+        b = {f: jnp.asarray(v[0]) for f, v in D.materialize(plan, corpus, pad_id=tok.pad_id, micro_batches=1).items()}
+        packed, _ = model(b["inputs"], b["positions"], b["attn_mask"], segment_ids_BxL=b["segment_ids"],
+                          prefix_segment_ids_BxL=b["prefix_segment_ids"], prefix_lengths_BxL=b["prefix_lengths"])
+        for r, pieces in enumerate(plan.rows):
+            for s, ((i, start, _), trunk) in enumerate(zip(pieces, plan.trunks[r]), start=1):
+                ids = corpus.examples[i].ids[:-1]
+                alone, _ = model(jnp.asarray(ids)[None], jnp.arange(len(ids))[None])
+                got = packed[r][b["segment_ids"][r] == s]
+                np.testing.assert_allclose(np.asarray(got), np.asarray(alone[0, start:]), atol=1e-5)
+                checked += trunk >= 0
+    assert checked >= 4  # branches, beside their trunks
+
+
 def test_long_documents_are_windowed_for_evaluation_and_kept_whole_for_packing(tok, tmp_path):
     long_doc = {"segments": [{"text": "Ada Lovelace visited Paris and wrote notes. " * 40, "loss": True}], "eos": True}
     path = write_jsonl(tmp_path / "lm.jsonl", [long_doc])
@@ -179,7 +247,7 @@ def test_long_documents_are_windowed_for_evaluation_and_kept_whole_for_packing(t
         D.load_corpus([path], tok, seq_len=32)  # truncation cannot keep a whole-document loss span
 
 
-@pytest.mark.parametrize("packing", ["pad", "pack", "pack_examples"])
+@pytest.mark.parametrize("packing", ["pad", "pack", "pack_examples", "pack_prefixes"])
 def test_head_positions_select_every_loss_token_once(tok, tmp_path, packing):
     """`head_groups`: each group of rows lists its loss positions; every process computes the same capacity
     (from the global batch), and the gathered targets are exactly the loss tokens' targets."""

@@ -154,3 +154,40 @@ def test_head_at_loss_positions_equals_full_logits(mesh_shape):
     broken = with_head_fields(batch, dp)
     broken["head_valid"][0, 0, 0] = False
     assert abs(run(broken)[1]["loss"] - full_m["loss"]) > 1e-4
+
+
+def test_prefix_packed_step_equals_example_packed_step(tmp_path):
+    """The same examples in one global batch, packed whole ("pack_examples") or as trunks and branches
+    ("pack_prefixes"), give the same loss, gradients and update on a sharded mesh with the LM head at the loss
+    positions: the prefix fields reach the model through `to_global` and `batch_loss`."""
+    import dataclasses
+
+    from memllm_jax.train import data as D
+    from train_fixtures import document_write_records, make_tokenizer, write_jsonl
+
+    tok = make_tokenizer(tmp_path / "tok")
+    corpus = D.load_corpus([write_jsonl(tmp_path / "w.jsonl", document_write_records(3))], tok, seq_len=256)
+    model_cfg = dataclasses.replace(TINY, vocab_size=max(TINY.vocab_size, tok.vocab_size))
+    lora = LoraConfig(rank=4, alpha=8.0, dropout=0.0)
+    mesh_shape = (2, 2, 2)
+    dp = mesh_shape[0] * mesh_shape[1]
+
+    def run(packing):
+        planner = D.Planner(corpus, seq_len=256, global_batch=8, packing=packing, seed=0, drop_last=False)
+        assert planner.batches_per_epoch == 1  # every example in the one batch
+        batch = D.materialize(planner.plan(0), corpus, pad_id=tok.pad_id, micro_batches=2, head_groups=dp)
+        mesh = make_mesh(MeshConfig(*mesh_shape), jax.devices()[:8])
+        split = S.split_model(create_model(model_cfg, lora, mesh, 0), "lora")
+        tx = make_optimizer(CFG, 10)
+        sh = S.train_state_shardings(split, tx, mesh)
+        state, m = S.make_train_step(split, tx, mesh, sh, return_grads=True)(
+            S.init_train_state(split, tx, sh), split.frozen, S.to_global(batch, mesh))
+        return jax.tree.map(np.asarray, state.replace(rngs=None)), jax.tree.map(np.asarray, m), batch
+
+    whole_state, whole_m, whole_b = run("pack_examples")
+    tree_state, tree_m, tree_b = run("pack_prefixes")
+    assert tree_b["attn_mask"].sum() < 0.8 * whole_b["attn_mask"].sum()  # fewer tokens computed
+    assert tree_m["loss_tokens"] == whole_m["loss_tokens"]
+    assert abs(tree_m["loss"] - whole_m["loss"]) <= 1e-5
+    assert max_diff(tree_m["grads"], whole_m["grads"]) <= 1e-5
+    assert max_diff(tree_state.params, whole_state.params) <= 1e-5

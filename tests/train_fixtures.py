@@ -28,6 +28,22 @@ def write_records(n: int, seed: int = 0) -> list[dict]:
     return out
 
 
+def document_write_records(n_docs: int, seed: int = 0, sentences: int = 5) -> list[dict]:
+    """Memory-write examples as the data builder makes them from documents: sentence i's example has the
+    document's earlier sentences as its pretext, so one document's examples share a token prefix."""
+    rng = random.Random(seed)
+    out = []
+    for d in range(n_docs):
+        facts = [(rng.choice(NAMES), rng.choice(CITIES), 1900 + rng.randrange(100)) for _ in range(sentences)]
+        texts = [f"{a} visited {c} in {y}." for a, c, y in facts]
+        for i, (a, c, _) in enumerate(facts):
+            call = protocol.format_write_call([protocol.Triple(a, "visited", c)])
+            out.append({"kind": "write", "doc": f"d{d}", "sent_id": i, "segments": [
+                {"text": protocol.format_write_prompt(" ".join(texts[:i]), texts[i]), "loss": False},
+                {"text": call, "loss": True}], "eos": True})
+    return out
+
+
 def lm_records(n: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     return [{"kind": "lm", "segments": [{"text": " ".join(

@@ -79,22 +79,15 @@ def forward_flops(cfg, batch: int, length: int) -> float:
 # ------------------------------------------------------------------------------------------- useful work
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def trie_positions(prompts: Sequence[Sequence[int]]) -> list[int]:
     """Positions of the nodes of the prompts' prefix trie (each distinct prefix once, at its last token's
     position): in lexicographic order, a prompt shares the most with its predecessor."""
+    from memllm_jax.tokenizer import common_prefix
+
     ordered = sorted(tuple(p) for p in prompts)
     positions: list[int] = []
     for prev, cur in zip([()] + ordered, ordered):
-        positions += range(_common_prefix(prev, cur), len(cur))
+        positions += range(common_prefix(prev, cur), len(cur))
     return positions
 
 

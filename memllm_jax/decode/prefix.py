@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from memllm_jax.decode.loop import prefill
+from memllm_jax.tokenizer import common_prefix
 
 MIN_SHARE = 16
 """Fewest shared tokens for a row to take its prefix from a trunk (below this it is prefilled whole)."""
@@ -44,12 +45,6 @@ class SharePlan:
         return sum(n for r, n in enumerate(self.shared) if r not in self.trunks)
 
 
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if diff.size else n
-
-
 def plan_sharing(rows: Sequence[Sequence[int]], n_active: int | None = None, min_share: int = MIN_SHARE) -> SharePlan:
     """Longest prompt first, a row takes the longest common prefix it has with a trunk (at most all but its
     last token, whose logits it must compute), or is prefilled whole in the second call (shared 0). Rows
@@ -67,7 +62,7 @@ def plan_sharing(rows: Sequence[Sequence[int]], n_active: int | None = None, min
 
     def common(r: int, t: int) -> int:
         if (r, t) not in lcp:
-            lcp[r, t] = min(_common_prefix(arrays[r], arrays[t]), len(arrays[r]) - 1)
+            lcp[r, t] = min(common_prefix(arrays[r], arrays[t]), len(arrays[r]) - 1)
         return lcp[r, t]
 
     def assign(promoted: set[int]) -> tuple[list[int], list[int], list[int]]:

@@ -187,8 +187,8 @@ def causal_blocks(q_BxLxNxH, k_BxLxKxH, v_BxLxKxH, mask_BxLxL, block: int, n_kv:
     """`grouped_attention` of a cache-free forward (keys = the queries' own tokens), one block of `block` queries
     at a time against the keys up to the block's end. The skipped scores lie above the diagonal, where a key
     comes after its query: the causal mask drops them whenever positions increase along each segment (packed
-    segments restart at 0, and the segment mask drops every pair across them). With n blocks the products cover
-    (n + 1) / 2n of the full square."""
+    segments restart at 0, and the segment mask drops every pair across them; a shared prefix comes from an
+    earlier segment of the row). With n blocks the products cover (n + 1) / 2n of the full square."""
     L = q_BxLxNxH.shape[1]
     outs = []
     for start in range(0, L, block):
@@ -414,10 +414,15 @@ class Mistral(nnx.Module):
         deterministic: bool = True,
         segment_ids_BxL: jax.Array | None = None,
         return_hidden: bool = False,
+        prefix_segment_ids_BxL: jax.Array | None = None,
+        prefix_lengths_BxL: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """`segment_ids_BxL` (no cache only): several examples packed in a row, each with its own positions
-        from 0; a token attends only to earlier tokens of its own segment. `return_hidden`: return the final
-        hidden states `x_BxLxD` instead of the logits (for `head` at chosen positions only, e.g. the loss's)."""
+        from 0; a token attends only to earlier tokens of its own segment. `prefix_segment_ids_BxL` /
+        `prefix_lengths_BxL` (with segments; 0 = none): a token also attends to the tokens of that segment at
+        positions below that length, a prefix it shares with an earlier segment of the row (`train.data`'s
+        "pack_prefixes"; that segment must come first in the row). `return_hidden`: return the final hidden
+        states `x_BxLxD` instead of the logits (for `head` at chosen positions only, e.g. the loss's)."""
         cfg = self.cfg
         B, L = tokens_BxL.shape
         compute = jnp.dtype(cfg.compute_dtype)
@@ -447,9 +452,18 @@ class Mistral(nnx.Module):
             if cache is not None:
                 raise ValueError("segment_ids_BxL (packed examples) is for cache-free forwards only")
             mask_BxLxS &= segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :]
+            if prefix_segment_ids_BxL is not None:
+                shared_BxLxS = ((segment_ids_BxL[:, None, :] == prefix_segment_ids_BxL[:, :, None])
+                                & (key_pos_BxS[:, None, :] < prefix_lengths_BxL[:, :, None]) & key_ok_BxS[:, None, :])
+                if cfg.sliding_window is not None:
+                    shared_BxLxS &= delta_BxLxS < cfg.sliding_window
+                mask_BxLxS |= shared_BxLxS
         # The splash kernel takes causality and the window as static masks, padding and packing as segment ids.
         segments_BxL = None
         if cache is None and cfg.attention in SPLASH_OPTIONS:
+            if prefix_segment_ids_BxL is not None:
+                raise ValueError(f"shared prefixes (packing 'pack_prefixes') need ModelConfig.attention 'einsum', "
+                                 f"'xla' or 'cudnn', not {cfg.attention!r}: the splash kernel masks by segment ids")
             segments_BxL = splash_segments(attn_mask_BxL, segment_ids_BxL)
 
         layered = cache is not None and isinstance(cache.k_LxBxSxKxH, (tuple, list))

@@ -41,7 +41,8 @@ class TrainConfig:
     """Model input length of a row; longer examples are truncated from the left, keeping the loss span."""
     packing: str = "pad"
     """"pad": one example per row with length buckets; "pack": concatenate examples into full rows (a token
-    stream, for pretraining); "pack_examples": whole examples share rows, attention kept within each."""
+    stream, for pretraining); "pack_examples": whole examples share rows, attention kept within each;
+    "pack_prefixes": as "pack_examples", with a prefix that examples share laid out once (`train.data`)."""
     buckets: tuple[int, ...] = ()
     """Row lengths for "pad" (each batch uses the smallest that fits); empty = powers of two up to seq_len."""
 

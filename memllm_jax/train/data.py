@@ -16,6 +16,13 @@ Two ways to fill rows:
   examples); each keeps its own positions from 0 and `segment_ids` keep attention inside it, so a row
   computes exactly what one padded row per example would, with far less padding - for finetuning on
   short examples (memory-write / memory-read). One row length (`seq_len`), so one compilation.
+- "pack_prefixes": "pack_examples" where examples that share a token prefix (one document's memory-write
+  examples share their pretext, its memory-read examples the text before each read) are laid out as a
+  trunk (the group's longest example, whole) and branches: each other example only from where it leaves the
+  trunk, its positions continuing from there, attending to the trunk's tokens before that point and to its
+  own (`prefix_segment_ids` / `prefix_lengths`). Every example sees exactly the keys it would see alone, so
+  each loss term is the same, for ~1.4x (write) to ~1.8x (read) fewer tokens on Re-DocRED. A group's
+  examples share a row, so they train in the same step (groups, not examples, are shuffled).
 
 The batch plan is a pure function of (seed, epoch, batch index), built by every process identically; the
 global batch is laid out `[micro_batches, rows]` and each process materialises only its slice of the rows
@@ -36,6 +43,7 @@ import numpy as np
 import grain
 
 from memllm_jax.errors import InputError, read_text
+from memllm_jax.tokenizer import common_prefix
 
 
 class Tokenizer(Protocol):
@@ -217,7 +225,65 @@ class BatchPlan:
     length: int
     """Input length L of every row (targets have the same length)."""
     separate: bool = False
-    """Each piece is a whole example with its own positions and segment ("pack_examples")."""
+    """Each piece is an example with its own positions and segment ("pack_examples", "pack_prefixes")."""
+    trunks: tuple[tuple[int, ...], ...] | None = None
+    """"pack_prefixes": per row, per piece, the index of the piece it branches from (-1: none). A branch
+    `(i, start, stop)` is example i from input position `start` on; its first `start` tokens are the trunk's."""
+
+
+MIN_SHARED_PREFIX = 16
+"""Fewest tokens an example must share with a trunk to be packed as its branch ("pack_prefixes")."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixGroup:
+    members: tuple[tuple[int, int], ...]
+    """(example index, start): the trunk first (start 0), then the branches, each laid out from input position
+    `start` (the tokens before it are the trunk's)."""
+    slots: int
+    """Input slots the group takes in a row."""
+
+
+def branch_start(ex: Example, trunk: Example) -> int:
+    """Where `ex` can leave `trunk`: within their common prefix, before its first loss target (the branch computes
+    every target it is trained on), and within the trunk's inputs."""
+    first_target = int(np.flatnonzero(ex.loss[1:])[0]) + 1 if ex.loss[1:].any() else len(ex.ids) - 1
+    return min(common_prefix(ex.ids, trunk.ids), first_target - 1, len(trunk.ids) - 1)
+
+
+def prefix_groups(examples: Sequence[Example], seq_len: int, min_share: int = MIN_SHARED_PREFIX) -> list[PrefixGroup]:
+    """The examples as groups of one trunk and its branches, each group within `seq_len` input slots. Examples
+    sorted by their tokens fall into runs that share at least `min_share` tokens with the run's first; in each
+    run the longest remaining example becomes a trunk and takes as branches the others that share `min_share`
+    tokens with it while the group fits a row; what is left forms the next group. Deterministic."""
+    order = sorted(range(len(examples)), key=lambda i: examples[i].ids.tolist())
+    runs: list[list[int]] = []
+    for i in order:
+        if runs and common_prefix(examples[runs[-1][0]].ids, examples[i].ids) >= min_share:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    groups = []
+    for run in runs:
+        remaining = sorted(run, key=lambda i: (-len(examples[i].ids), i))
+        while remaining:
+            trunk, rest = remaining[0], []
+            members, slots = [(trunk, 0)], len(examples[trunk].ids) - 1
+            for i in remaining[1:]:
+                start = branch_start(examples[i], examples[trunk])
+                cost = len(examples[i].ids) - 1 - start
+                if start >= min_share and slots + cost <= seq_len:
+                    members.append((i, start))
+                    slots += cost
+                else:
+                    rest.append(i)
+            groups.append(PrefixGroup(tuple(members), slots))
+            remaining = rest
+    return groups
+
+
+PACKINGS = ("pad", "pack", "pack_examples", "pack_prefixes")
+"""`TrainConfig.packing` values (module docstring)."""
 
 
 class Planner:
@@ -225,14 +291,15 @@ class Planner:
 
     def __init__(self, corpus: Corpus, *, seq_len: int, global_batch: int, packing: str, seed: int,
                  shuffle: bool = True, buckets: Sequence[int] = (), window: int = 32, drop_last: bool = True):
-        if packing not in ("pad", "pack", "pack_examples"):
-            raise ValueError(f"TrainConfig.packing must be 'pad', 'pack' or 'pack_examples', got {packing!r}")
+        if packing not in PACKINGS:
+            raise ValueError(f"TrainConfig.packing must be one of {', '.join(map(repr, PACKINGS))}, got {packing!r}")
         self.corpus, self.seq_len, self.global_batch = corpus, seq_len, global_batch
         self.packing, self.seed, self.shuffle, self.window, self.drop_last = packing, seed, shuffle, window, drop_last
         self.buckets = tuple(sorted(buckets)) if buckets else default_buckets(seq_len)
         if self.buckets[-1] < seq_len:
             raise ValueError(f"TrainConfig.buckets {self.buckets} must reach seq_len={seq_len}")
         self.lengths = np.asarray([len(e.ids) for e in corpus.examples])
+        self.groups = prefix_groups(corpus.examples, seq_len) if packing == "pack_prefixes" else None
         self.batches_per_epoch = len(self._epoch(0))
         if self.batches_per_epoch == 0:
             raise ValueError(
@@ -252,37 +319,58 @@ class Planner:
         if self.packing == "pack":
             return self._pack(order)
         if self.packing == "pack_examples":
-            return self._pack_examples(order, epoch)
+            rows = self._first_fit(order, self.lengths[order] - 1, epoch)
+            return self._separate_plans([[(i, 0, int(self.lengths[i]), -1) for i in r] for r in rows])
+        if self.packing == "pack_prefixes":
+            group_order = np.random.default_rng([self.seed, epoch]).permutation(len(self.groups)) if self.shuffle \
+                else np.arange(len(self.groups))
+            rows = self._first_fit(group_order, np.asarray([self.groups[g].slots for g in group_order]), epoch)
+            return self._separate_plans([self._group_pieces(r) for r in rows])
         return self._pad(order, epoch)
 
-    def _pack_examples(self, order: np.ndarray, epoch: int) -> tuple[BatchPlan, ...]:
-        """First-fit decreasing bin packing of whole examples (n tokens use n - 1 input slots) per window."""
-        B, cap = self.global_batch, self.seq_len
+    def _first_fit(self, items: np.ndarray, sizes: np.ndarray, epoch: int) -> list[list[int]]:
+        """Rows of `items` (each taking `sizes[k]` of a row's `seq_len` input slots): first-fit decreasing bin
+        packing within windows of `window` x `global_batch` items, the rows then shuffled."""
+        step = self.window * self.global_batch
         rows: list[list[int]] = []
-        for w in range(0, len(order), self.window * B):
-            part = order[w : w + self.window * B]
-            part = part[np.argsort(-self.lengths[part], kind="stable")]
+        for w in range(0, len(items), step):
+            part = np.argsort(-sizes[w : w + step], kind="stable") + w
             free: list[int] = []
             members: list[list[int]] = []
-            for idx in part.tolist():
-                need = int(self.lengths[idx]) - 1
-                slot = next((k for k, f in enumerate(free) if f >= need), None)
+            for k in part.tolist():
+                need = int(sizes[k])
+                slot = next((r for r, f in enumerate(free) if f >= need), None)
                 if slot is None:
-                    free.append(cap - need)
-                    members.append([idx])
+                    free.append(self.seq_len - need)
+                    members.append([int(items[k])])
                 else:
                     free[slot] -= need
-                    members[slot].append(idx)
+                    members[slot].append(int(items[k]))
             rows += members
         if self.shuffle:
             perm = np.random.default_rng([self.seed, epoch, 2]).permutation(len(rows))
             rows = [rows[i] for i in perm]
+        return rows
+
+    def _group_pieces(self, group_ids: list[int]) -> list[tuple[int, int, int, int]]:
+        """A row's groups as pieces (example, start, stop, index of the trunk piece or -1)."""
+        pieces: list[tuple[int, int, int, int]] = []
+        for g in group_ids:
+            trunk = len(pieces)
+            for k, (i, start) in enumerate(self.groups[g].members):
+                pieces.append((i, start, int(self.lengths[i]), -1 if k == 0 else trunk))
+        return pieces
+
+    def _separate_plans(self, rows: list[list[tuple[int, int, int, int]]]) -> tuple[BatchPlan, ...]:
+        B = self.global_batch
         n_batches = len(rows) // B if self.drop_last else -(-len(rows) // B)
         plans = []
         for b in range(n_batches):
-            chunk = [tuple((i, 0, int(self.lengths[i])) for i in r) for r in rows[b * B : (b + 1) * B]]
-            chunk += [()] * (B - len(chunk))
-            plans.append(BatchPlan(tuple(chunk), cap, separate=True))
+            chunk = rows[b * B : (b + 1) * B]
+            chunk += [[]] * (B - len(chunk))
+            trunks = tuple(tuple(t for *_, t in r) for r in chunk) if self.packing == "pack_prefixes" else None
+            plans.append(BatchPlan(tuple(tuple((i, a, z) for i, a, z, _ in r) for r in chunk), self.seq_len,
+                                   separate=True, trunks=trunks))
         return tuple(plans)
 
     def _pack(self, order: np.ndarray) -> tuple[BatchPlan, ...]:
@@ -403,12 +491,14 @@ def materialize(plan: BatchPlan, corpus: Corpus, *, pad_id: int, micro_batches: 
     attn_mask = np.zeros(shape, bool)
     segment_ids = np.zeros(shape, np.int32)
     positions = np.broadcast_to(np.arange(L, dtype=np.int32), shape).copy()
+    prefix_segment_ids, prefix_lengths = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
     for m in range(micro_batches):
         for r in range(local):
-            pieces = plan.rows[m * rows_per_micro + process_index * local + r]
+            row = m * rows_per_micro + process_index * local + r
+            pieces = plan.rows[row]
             if not pieces:
                 continue
-            if plan.separate:  # whole examples, each shifted on its own, positions from 0, own segment
+            if plan.separate:  # examples, each shifted on its own, positions from its start, own segment
                 at = 0
                 for k, (i, a, b) in enumerate(pieces):
                     ids, flags = corpus.examples[i].ids[a:b], corpus.examples[i].loss[a:b]
@@ -416,7 +506,10 @@ def materialize(plan: BatchPlan, corpus: Corpus, *, pad_id: int, micro_batches: 
                     sl = slice(at, at + n)
                     inputs[m, r, sl], targets[m, r, sl], loss_mask[m, r, sl] = ids[:-1], ids[1:], flags[1:]
                     attn_mask[m, r, sl], segment_ids[m, r, sl] = True, k + 1
-                    positions[m, r, sl] = np.arange(n)
+                    positions[m, r, sl] = a + np.arange(n)
+                    trunk = plan.trunks[row][k] if plan.trunks is not None else -1
+                    if trunk >= 0:  # a branch: it also sees its trunk's first `a` tokens
+                        prefix_segment_ids[m, r, sl], prefix_lengths[m, r, sl] = trunk + 1, a
                     at += n
                 continue
             ids = np.concatenate([corpus.examples[i].ids[a:b] for i, a, b in pieces])
@@ -430,6 +523,8 @@ def materialize(plan: BatchPlan, corpus: Corpus, *, pad_id: int, micro_batches: 
             segment_ids[m, r, :n] = seg[:-1]
     out = dict(inputs=inputs, targets=targets, loss_mask=loss_mask, attn_mask=attn_mask, positions=positions,
                segment_ids=segment_ids)
+    if plan.trunks is not None:
+        out.update(prefix_segment_ids=prefix_segment_ids, prefix_lengths=prefix_lengths)
     if head_groups:
         if head_groups % process_count or rows_per_micro % head_groups:
             raise ValueError(f"head_groups={head_groups} must divide the {rows_per_micro} rows of a micro-batch "

@@ -26,6 +26,9 @@ from memllm_jax.train.loss import masked_cross_entropy
 BATCH_FIELDS = ("inputs", "targets", "loss_mask", "attn_mask", "positions", "segment_ids")
 """`segment_ids` numbers the examples packed in a row (attention stays within one); a batch without it is one
 example per row."""
+PREFIX_FIELDS = ("prefix_segment_ids", "prefix_lengths")
+"""Optional ("pack_prefixes" packing, `train.data`): per token, an earlier segment of its row and how many of that
+segment's first tokens it also attends to (the prefix it shares with it)."""
 HEAD_FIELDS = ("head_index", "head_valid")
 """Optional (`train.data.head_positions`): the loss positions of each group of rows, `[groups, K]` per micro-batch,
 one group per batch shard. With them the LM head runs at those K positions only, not at all `rows x L`: the API
@@ -78,11 +81,13 @@ def batch_loss(model, batch: dict, deterministic: bool) -> tuple[jax.Array, jax.
     """`(sum of -log p(target), n)` over the batch's loss positions (`masked_cross_entropy`); with the head fields,
     the LM head scores the gathered loss positions only (the same sum: the other positions weigh zero)."""
     args = (batch["inputs"], batch["positions"], batch["attn_mask"])
+    kwargs = dict(deterministic=deterministic, segment_ids_BxL=batch["segment_ids"])
+    if "prefix_segment_ids" in batch:
+        kwargs.update(prefix_segment_ids_BxL=batch["prefix_segment_ids"], prefix_lengths_BxL=batch["prefix_lengths"])
     if "head_index" not in batch:
-        logits, _ = model(*args, deterministic=deterministic, segment_ids_BxL=batch["segment_ids"])
+        logits, _ = model(*args, **kwargs)
         return masked_cross_entropy(logits, batch["targets"], batch["loss_mask"])
-    hidden_BxLxD, _ = model(*args, deterministic=deterministic, segment_ids_BxL=batch["segment_ids"],
-                            return_hidden=True)
+    hidden_BxLxD, _ = model(*args, **kwargs, return_hidden=True)
     index_GxK = batch["head_index"]
     B, L, D = hidden_BxLxD.shape
     G = index_GxK.shape[0]
@@ -198,7 +203,7 @@ def to_global(local: dict, mesh: Mesh, micro: bool = True) -> dict[str, jax.Arra
     out = {}
     local = dict(local)
     local.setdefault("segment_ids", np.asarray(local["attn_mask"]).astype(np.int32))  # one example per row
-    for k in BATCH_FIELDS + tuple(f for f in HEAD_FIELDS if f in local):
+    for k in BATCH_FIELDS + tuple(f for f in PREFIX_FIELDS + HEAD_FIELDS if f in local):
         x = local[k]
         axis = 1 if micro else 0
         shape = list(x.shape)
