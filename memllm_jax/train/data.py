@@ -21,7 +21,7 @@ Two ways to fill rows:
   trunk (the group's longest example, whole) and branches: each other example only from where it leaves the
   trunk, its positions continuing from there, attending to the trunk's tokens before that point and to its
   own (`prefix_segment_ids` / `prefix_lengths`). Every example sees exactly the keys it would see alone, so
-  each loss term is the same, for ~1.4x (write) to ~1.8x (read) fewer tokens on Re-DocRED. A group's
+  each loss term is the same, in 1.21x (write) to 1.57x (read) fewer batches per epoch on Re-DocRED. A group's
   examples share a row, so they train in the same step (groups, not examples, are shuffled).
 
 The batch plan is a pure function of (seed, epoch, batch index), built by every process identically; the
@@ -491,7 +491,9 @@ def materialize(plan: BatchPlan, corpus: Corpus, *, pad_id: int, micro_batches: 
     attn_mask = np.zeros(shape, bool)
     segment_ids = np.zeros(shape, np.int32)
     positions = np.broadcast_to(np.arange(L, dtype=np.int32), shape).copy()
-    prefix_segment_ids, prefix_lengths = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
+    prefixed = plan.trunks is not None
+    prefix_segment_ids = np.zeros(shape, np.int32) if prefixed else None
+    prefix_lengths = np.zeros(shape, np.int32) if prefixed else None
     for m in range(micro_batches):
         for r in range(local):
             row = m * rows_per_micro + process_index * local + r
@@ -507,7 +509,7 @@ def materialize(plan: BatchPlan, corpus: Corpus, *, pad_id: int, micro_batches: 
                     inputs[m, r, sl], targets[m, r, sl], loss_mask[m, r, sl] = ids[:-1], ids[1:], flags[1:]
                     attn_mask[m, r, sl], segment_ids[m, r, sl] = True, k + 1
                     positions[m, r, sl] = a + np.arange(n)
-                    trunk = plan.trunks[row][k] if plan.trunks is not None else -1
+                    trunk = plan.trunks[row][k] if prefixed else -1
                     if trunk >= 0:  # a branch: it also sees its trunk's first `a` tokens
                         prefix_segment_ids[m, r, sl], prefix_lengths[m, r, sl] = trunk + 1, a
                     at += n
@@ -523,7 +525,7 @@ def materialize(plan: BatchPlan, corpus: Corpus, *, pad_id: int, micro_batches: 
             segment_ids[m, r, :n] = seg[:-1]
     out = dict(inputs=inputs, targets=targets, loss_mask=loss_mask, attn_mask=attn_mask, positions=positions,
                segment_ids=segment_ids)
-    if plan.trunks is not None:
+    if prefixed:
         out.update(prefix_segment_ids=prefix_segment_ids, prefix_lengths=prefix_lengths)
     if head_groups:
         if head_groups % process_count or rows_per_micro % head_groups:
