@@ -1,9 +1,11 @@
 """The memory-write LoRA adapter on the pretrained SmolLM2-135M base (loss on the `({MEM_WRITE-->...})` span),
 sized for a 2-core CPU: LoRA r 16 on every linear layer, the API markers' embedding rows trained, whole
-examples packed into rows of 256 tokens. SmolLM2 already copies names from its context, so a few hundred
-examples teach it the call format and the relation labels. Precision / recall against the held-out gold triples
-along one 96-step run (greedy writes, no late stopping): 0.26 / 0.53 at step 24, 0.51 / 0.74 at 48, 0.64 / 0.81
-at 72; more steps keep helping (README, "Memory-write learning curve")."""
+examples packed into rows of 256 tokens, the prefix a document's examples share laid out once ("pack_prefixes",
+docs/train.md: the same steps train on ~1.2x more write examples, ~1.4x more read examples). SmolLM2 already
+copies names from its context, so a few hundred examples teach it the call format and the relation labels.
+Precision / recall against the held-out gold triples along one 96-step run (greedy writes, no late stopping,
+"pack_examples"): 0.26 / 0.53 at step 24, 0.51 / 0.74 at 48, 0.64 / 0.81 at 72; more steps keep helping
+(README, "Memory-write learning curve")."""
 
 from memllm_jax.config import SMOLLM2_135M, LoraConfig
 from memllm_jax.train.config import TrainConfig
@@ -21,7 +23,7 @@ def get_config() -> TrainConfig:
         eval_fraction=0.02,
         eval_max_examples=48,
         seq_len=256,
-        packing="pack_examples",
+        packing="pack_prefixes",
         buckets=(128, 256),
         global_batch=8,
         steps=96,
