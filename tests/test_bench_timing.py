@@ -12,9 +12,9 @@ from memllm_jax.bench import ceiling, host
 from memllm_jax.cli import main
 
 
-def _sample(load1: float, busy: float, cores: int = 2) -> host.HostSample:
+def _sample(load1: float, busy: float, cores: int = 2, steal: float = 0.003) -> host.HostSample:
     return host.HostSample(datetime.datetime(2030, 1, 2, 3, 4, tzinfo=datetime.timezone.utc), (load1, 0.5, 0.25),
-                           host.CpuShare(busy, 0.003), host.CpuTimes(0, 0, 0, 0.0), cores)
+                           host.CpuShare(busy, steal), host.CpuTimes(0, 0, 0, 0.0), cores)
 
 
 @pytest.fixture
@@ -42,9 +42,10 @@ def _with_host(monkeypatch, before: host.HostSample, after: host.HostSample | No
     monkeypatch.setattr(host, "sample", lambda seconds=1.0, since=None: before if since is None else (after or before))
 
 
-@pytest.mark.parametrize("load1, busy", [(1.5, 0.0), (0.0, 0.6)], ids=["load-average", "busy-fraction"])
-def test_bench_refuses_a_busy_host(monkeypatch, capsys, fake_bench, load1, busy):
-    _with_host(monkeypatch, _sample(load1, busy))
+@pytest.mark.parametrize("load1, busy, steal", [(1.5, 0.0, 0.0), (0.0, 0.6, 0.0), (0.0, 0.0, 0.2)],
+                         ids=["load-average", "busy-fraction", "steal"])
+def test_bench_refuses_a_busy_host(monkeypatch, capsys, fake_bench, load1, busy, steal):
+    _with_host(monkeypatch, _sample(load1, busy, steal=steal))
     assert main(["bench", "fake", "--n", "3"]) == 2
     err = capsys.readouterr().err
     assert "WARNING: the host is busy" in err and "--allow-load" in err
@@ -60,6 +61,18 @@ def test_bench_runs_under_load_with_allow_load_and_prints_the_load(monkeypatch, 
     assert table < line  # under the table
     assert "load 1/5/15 min 1.50/0.50/0.25 → 1.92/0.50/0.25" in out
     assert "before (1 s sample): others busy 60%, steal 0.3%" in out and "during the run: others busy 10%" in out
+
+
+@pytest.mark.parametrize("busy, steal, reason", [(0.5, 0.0, "other processes kept 50%"),
+                                                  (0.0, 0.257, "the hypervisor stole 25.7%")])
+def test_bench_warns_when_the_run_was_disturbed(monkeypatch, capsys, fake_bench, busy, steal, reason):
+    """Idle before, but others or the hypervisor took the CPU during the run: the figures are printed with a
+    loud warning under them."""
+    _with_host(monkeypatch, _sample(0.05, 0.0), _sample(1.2, busy, steal=steal))
+    assert main(["bench", "fake"]) == 0
+    out, err = capsys.readouterr()
+    assert fake_bench == [1] and "| fake | table |" in out
+    assert "WARNING: the run was disturbed" in err and reason in err and "not idle-host figures" in err
 
 
 def test_bench_runs_on_an_idle_host_without_warning(monkeypatch, capsys, fake_bench):

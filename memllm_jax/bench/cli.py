@@ -38,5 +38,7 @@ def main(args: argparse.Namespace) -> int:
               "measure anyway", file=sys.stderr)
         return 2
     result = int(module.main(bench_args) or 0)
-    print("\n" + host.host_line(before, host.sample(since=before)), flush=True)
+    after = host.sample(since=before)
+    print("\n" + host.host_line(before, after), flush=True)
+    host.warn_if_disturbed(after)
     return result

@@ -2,7 +2,8 @@
 
 The machines are shared, so a figure measured while other processes run is not this code's speed. Every
 `memllm bench` samples the host first, refuses to start when it is busy (unless `--allow-load`), and prints
-the load before and after under its table, with the date, so a reader can judge the figures.
+the load before and after under its table, with the date, so a reader can judge the figures; when other
+processes or the hypervisor (steal) took a share of the CPU during the run, it says so loudly under the table.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ BUSY_LOAD_PER_CORE = 0.5
 """A 1-minute load average above this times the core count counts as busy."""
 BUSY_FRACTION = 0.20
 """A busy fraction of all cores above this, from other processes during a 1 s sample, counts as busy."""
+BUSY_STEAL = 0.05
+"""A fraction of all cores' time stolen by the hypervisor above this counts as busy: on a shared VM the
+torch peers slow down far more than XLA then (2026-11-27: 25.7% steal, the torch peer at 84 tokens/s against
+430-680 idle)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,9 +89,17 @@ class HostSample:
         reasons = []
         if self.load is not None and self.load[0] > BUSY_LOAD_PER_CORE * self.cores:
             reasons.append(f"1-minute load average {self.load[0]:.2f} > {BUSY_LOAD_PER_CORE} x {self.cores} cores")
-        if self.share is not None and self.share.busy > BUSY_FRACTION:
-            reasons.append(f"other processes kept {self.share.busy:.0%} of the CPU busy (> {BUSY_FRACTION:.0%})")
-        return reasons
+        return reasons + share_reasons(self.share)
+
+
+def share_reasons(share: CpuShare | None) -> list[str]:
+    """Why a busy / steal share disturbs a timing (`BUSY_FRACTION`, `BUSY_STEAL`)."""
+    reasons = []
+    if share is not None and share.busy > BUSY_FRACTION:
+        reasons.append(f"other processes kept {share.busy:.0%} of the CPU busy (> {BUSY_FRACTION:.0%})")
+    if share is not None and share.steal > BUSY_STEAL:
+        reasons.append(f"the hypervisor stole {share.steal:.1%} of the CPU (> {BUSY_STEAL:.0%})")
+    return reasons
 
 
 def sample(seconds: float = 1.0, since: HostSample | None = None) -> HostSample:
@@ -113,6 +126,17 @@ def host_line(before: HostSample, after: HostSample) -> str:
     """`host: <date>, N cores; load 1/5/15 min a → b; before (1 s): ...; during the run: ...`."""
     return (f"host: {before.when:%Y-%m-%d %H:%M} UTC, {before.cores} cores; load 1/5/15 min {_load(before)} → "
             f"{_load(after)}; before (1 s sample): {_share(before.share)}; during the run: {_share(after.share)}")
+
+
+def warn_if_disturbed(after: HostSample) -> bool:
+    """After the run: warn loudly when other processes or the hypervisor took a share of the CPU during it
+    (the load average cannot tell: the benchmark itself raises it). True when it warned."""
+    reasons = share_reasons(after.share)
+    if reasons:
+        bar = "!" * 78
+        print(f"{bar}\nWARNING: the run was disturbed: {'; '.join(reasons)}.\nThese are not idle-host "
+              f"figures.\n{bar}", file=sys.stderr)
+    return bool(reasons)
 
 
 def check_idle(before: HostSample, allow_load: bool) -> bool:
