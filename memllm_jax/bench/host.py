@@ -133,10 +133,13 @@ def warn_if_disturbed(after: HostSample) -> bool:
     (the load average cannot tell: the benchmark itself raises it). True when it warned."""
     reasons = share_reasons(after.share)
     if reasons:
-        bar = "!" * 78
-        print(f"{bar}\nWARNING: the run was disturbed: {'; '.join(reasons)}.\nThese are not idle-host "
-              f"figures.\n{bar}", file=sys.stderr)
+        _shout(f"the run was disturbed: {'; '.join(reasons)}.\nThese are not idle-host figures.")
     return bool(reasons)
+
+
+def _shout(warning: str) -> None:
+    bar = "!" * 78
+    print(f"{bar}\nWARNING: {warning}\n{bar}", file=sys.stderr)
 
 
 def check_idle(before: HostSample, allow_load: bool) -> bool:
@@ -144,7 +147,5 @@ def check_idle(before: HostSample, allow_load: bool) -> bool:
     reasons = before.busy_reasons()
     if not reasons:
         return True
-    bar = "!" * 78
-    print(f"{bar}\nWARNING: the host is busy: {'; '.join(reasons)}.\nTimings measured now mix in other "
-          f"processes' work.\n{bar}", file=sys.stderr)
+    _shout(f"the host is busy: {'; '.join(reasons)}.\nTimings measured now mix in other processes' work.")
     return allow_load
