@@ -1,7 +1,9 @@
 """Test setup: 8 fake CPU devices (set before jax is imported), offline Hugging Face, temp HF_HOME."""
 
+import atexit
 import os
 import pathlib
+import shutil
 import tempfile
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
@@ -9,7 +11,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="memllm_hf_home_"))
+if "HF_HOME" not in os.environ:  # a fresh, empty cache per test process, removed when it exits
+    os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="memllm_hf_home_")
+    atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
