@@ -6,8 +6,9 @@ import dataclasses
 import json
 import pathlib
 import random
+import shutil
 
-from experiments.pipeline import _atomic_json, _atomic_text, train_overrides
+from experiments.pipeline import _atomic_json, _atomic_text, stage_key, train_overrides
 from memllm_jax.errors import InputError, load_json
 
 
@@ -117,9 +118,25 @@ def _train(self, section: str, module: str, data_file: str, init: str | None):
     from experiments.training import run_training
 
     data = self.out / "data" / "train" / data_file
+    workdir = _training_workdir(self, section)
     return run_training(module, section, train_overrides(self.cfg), train_data=str(data),
-                        tokenizer=str(self.out / "tokenizer"), workdir=str(self.out / "train" / section),
-                        init=init, say=self.say)
+                        tokenizer=str(self.out / "tokenizer"), workdir=str(workdir), init=init, say=self.say)
+
+
+def _training_workdir(self, section: str) -> pathlib.Path:
+    """The stage's training directory, emptied first when it holds a run this stage must not resume: one that
+    finished (the stage is rerun because its settings or data changed, or by --force) or one that was
+    interrupted under other settings. An interrupted run under the same settings is resumed. The stage's key is
+    kept in the directory (`stage_key`) for that check."""
+    workdir, stamp = self.out / "train" / section, self.out / "stages" / f"{section}.json"
+    key, key_file = stage_key(self.cfg, section), workdir / "stage_key"
+    if workdir.exists() and (stamp.exists() or (key_file.exists() and key_file.read_text() != key)):
+        self.say(f"  {workdir}: trained before under other settings or data; starting over")
+        shutil.rmtree(workdir)
+    stamp.unlink(missing_ok=True)  # it describes the run just removed; an interruption from here on resumes
+    workdir.mkdir(parents=True, exist_ok=True)
+    _atomic_text(key_file, key)
+    return workdir
 
 
 def _base_dir(self) -> str:

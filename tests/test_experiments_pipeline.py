@@ -327,3 +327,27 @@ def test_a_development_threshold_before_the_memory_stage_is_a_clear_error(tmp_pa
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "memory.json").write_text(json.dumps({"min_confidence": -0.7}))
     assert _min_confidence(pipe) == -0.7
+
+
+def test_a_rerun_training_stage_starts_over_and_an_interrupted_one_resumes(tmp_path):
+    """A training stage reruns when its settings or data change (or with --force): it must not resume the
+    finished run's checkpoint (it would train nothing, or mix two runs). An interruption resumes."""
+    from experiments.stages import _training_workdir
+
+    said = []
+    pipe = Pipeline(PipelineConfig(), tmp_path, said.append)
+    left = _training_workdir(pipe, "mw") / "ckpt"
+    left.mkdir()
+    assert _training_workdir(pipe, "mw") == tmp_path / "train" / "mw" and left.exists()  # interrupted: resumed
+    stamp = tmp_path / "stages" / "mw.json"
+    stamp.parent.mkdir()
+    stamp.write_text(json.dumps({"key": stage_key(pipe.cfg, "mw")}))
+    _training_workdir(pipe, "mw")  # finished, then rerun (--force, or upstream data changed)
+    assert not left.exists() and not stamp.exists() and "starting over" in said[-1]
+    left.mkdir()
+    other = Pipeline(PipelineConfig(train_overrides=("mw.steps=7",)), tmp_path, said.append)
+    _training_workdir(other, "mw")  # interrupted under other settings
+    assert not left.exists()
+    left.mkdir()
+    _training_workdir(other, "mw")
+    assert left.exists()

@@ -118,6 +118,25 @@ def test_kill_and_resume_is_bitwise_equal(files, pretrained, tmp_path):
     assert jax.tree.leaves(state.params)[0].sharding.mesh.shape == mesh.shape
 
 
+def test_resume_refuses_other_settings_and_resume_false_starts_over(files, pretrained, tmp_path):
+    from memllm_jax.errors import InputError
+
+    workdir = str(tmp_path / "r")
+    loop.run(lora_cfg(files, pretrained, workdir), stop_after=3)
+    with pytest.raises(InputError, match=re.escape("lr=0.003 -> 0.001")):  # other settings: refused, named
+        loop.run(lora_cfg(files, pretrained, workdir, lr=1e-3))
+    with pytest.raises(InputError, match=re.escape("lora.rank=4 -> 8")):
+        loop.run(lora_cfg(files, pretrained, workdir, lora=LoraConfig(rank=8, alpha=8.0, dropout=0.1)))
+    # how the run is carried out may change: another mesh, micro-batches, logging
+    resumed = loop.run(lora_cfg(files, pretrained, workdir, mesh=MeshConfig(data=4, fsdp=2, tensor=1),
+                                micro_batches=1, eval_every=2))
+    assert resumed.step == 6
+    # resume=False starts over and leaves none of the old run's (higher) steps to be kept or resumed instead
+    fresh = loop.run(lora_cfg(files, pretrained, workdir, steps=4, lr=1e-3, resume=False))
+    assert fresh.step == 4
+    assert max(Checkpointer(os.path.join(workdir, "ckpt")).all_steps()) == 4
+
+
 def test_nan_stops_and_keeps_last_good_checkpoint(files, pretrained, tmp_path):
     cfg = lora_cfg(files, pretrained, str(tmp_path / "nan"), lr=1e30, clip_norm=None, checkpoint_every=1,
                    steps=5, async_checkpoint=False)

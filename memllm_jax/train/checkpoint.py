@@ -57,6 +57,12 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         return list(self.manager.all_steps())
 
+    def clear(self) -> None:
+        """Delete every checkpoint (a run that starts over must not leave older, higher steps to be kept or
+        resumed in place of its own)."""
+        for step in self.all_steps():
+            self.manager.delete(step)
+
     def save(self, step: int, state, data_state: dict | None) -> None:
         args = ocp.args.Composite(
             state=ocp.args.PyTreeSave(_flatten(state)),

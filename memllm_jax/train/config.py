@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from memllm_jax.config import DEFAULT_TINY, LoraConfig, MeshConfig, ModelConfig
+from memllm_jax.config import DEFAULT_TINY, MODEL_LAYOUT_FIELDS, LoraConfig, MeshConfig, ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +115,43 @@ class TrainConfig:
     `workdir`; None leaves the process's setting alone."""
     progress: bool = True
     """Show a tqdm progress bar (loss, tokens/s, ETA)."""
+
+
+RUN_FIELDS = ("name", "mesh", "micro_batches", "eval_every", "eval_batch", "eval_max_examples", "log_every",
+              "workdir", "checkpoint_every", "keep_checkpoints", "sparse_head", "export_steps", "async_checkpoint",
+              "resume", "compilation_cache", "progress")
+"""The `TrainConfig` fields that choose how a run is carried out (devices, memory, logging, checkpoints), not
+what it trains: a run may resume under other values of these (e.g. on another mesh). With `model`'s
+`MODEL_LAYOUT_FIELDS` they are the only fields `resume_conflicts` lets differ."""
+
+
+def resume_conflicts(saved: dict, cfg: TrainConfig) -> list[str]:
+    """The fields, as `a.b=old -> new`, in which `cfg` trains something other than the run whose
+    `train_config.json` is `saved` (empty when `cfg` may resume it)."""
+    now = dataclasses.asdict(cfg)
+    conflicts = []
+    for field in sorted(set(now) | set(saved)):
+        if field in RUN_FIELDS:
+            continue
+        old, new = saved.get(field), now.get(field)
+        if field == "model":
+            old, new = ({k: v for k, v in (d or {}).items() if k not in MODEL_LAYOUT_FIELDS} for d in (old, new))
+        if _comparable(old) != _comparable(new):
+            if isinstance(old, dict) and isinstance(new, dict):
+                conflicts += [f"{field}.{k}={old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
+                              if _comparable(old.get(k)) != _comparable(new.get(k))]
+            else:
+                conflicts.append(f"{field}={old!r} -> {new!r}")
+    return conflicts
+
+
+def _comparable(value):
+    """JSON's lists and the config's tuples compare equal."""
+    if isinstance(value, (list, tuple)):
+        return [_comparable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _comparable(v) for k, v in value.items()}
+    return value
 
 
 def validate(cfg: TrainConfig) -> None:

@@ -24,10 +24,11 @@ import jax
 import numpy as np
 
 from memllm_jax.config import MODEL_LAYOUT_FIELDS, LoraConfig, MeshConfig, ModelConfig
+from memllm_jax.errors import InputError
 from memllm_jax.train import data as D
 from memllm_jax.train import step as S
 from memllm_jax.train.checkpoint import Checkpointer
-from memllm_jax.train.config import TrainConfig, validate
+from memllm_jax.train.config import TrainConfig, resume_conflicts, validate
 from memllm_jax.train.host_memory import release_if_memory_low, stop_keeping_freed_memory
 from memllm_jax.train.metrics import MetricsLogger
 from memllm_jax.train.optimizer import make_optimizer, schedule
@@ -197,6 +198,20 @@ def _write_json(path: str, obj) -> None:
     os.replace(tmp, path)
 
 
+def _check_resumable(workdir: str, cfg: TrainConfig) -> None:
+    """Refuse to continue a checkpoint that was trained under other settings (e.g. another learning rate or
+    packing): its steps would be mixed into this run's without a word."""
+    saved_path = os.path.join(workdir, "train_config.json")
+    if not os.path.exists(saved_path):
+        return  # a run from before the file was written: nothing to compare
+    with open(saved_path) as f:
+        conflicts = resume_conflicts(json.load(f), cfg)
+    if conflicts:
+        raise InputError(f"{workdir}: holds a checkpoint trained with other settings ({'; '.join(conflicts[:3])}"
+                         f"{'; ...' if len(conflicts) > 3 else ''}): use another workdir, or set resume=False to "
+                         "start over in this one")
+
+
 # ----------------------------------------------------------------------------------------------- run
 
 
@@ -255,10 +270,13 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
                                head_floors=head_floors)
     start = 0
     if cfg.resume and ckpt.latest_step() is not None:
+        _check_resumable(workdir, cfg)
         state, data_state = ckpt.restore(_abstract(state))
         start = int(jax.device_get(state.step))
         if data_state:
             iterator.set_state(data_state)
+    elif ckpt.latest_step() is not None:
+        ckpt.clear()
     if pidx == 0:
         _write_json(os.path.join(workdir, "train_config.json"), _config_to_json(cfg))
     n_trained = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
