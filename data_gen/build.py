@@ -18,7 +18,8 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from data_gen.docred import Document, documents_from_raw, iter_documents
 from data_gen.eval_examples import eval_record
-from data_gen.io import JsonlWriter, atomic_open, iter_json_array
+from data_gen.io import JsonlWriter, iter_json_array
+from memllm_jax.files import atomic_open
 from data_gen.read_examples import context_free_records, misread, question_form_records, read_records, scan_read_points
 from data_gen.stats import Stats
 from data_gen.write_examples import (context_free_items, iter_write_items, question_form_items, write_coverage,

@@ -10,7 +10,6 @@ import sys
 import time
 
 from data_gen.relations import DEFAULT_REL_INFO, load_relation_labels
-from data_gen.stats import Stats
 from memllm_jax.errors import InputError
 
 MEMLLM_LABELS = DEFAULT_REL_INFO.parent / "rel_labels_memllm.json"
@@ -114,7 +113,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _synth(args) -> int:
-    from data_gen.io import JsonArrayWriter, JsonlWriter, atomic_open
+    from data_gen.io import JsonArrayWriter, JsonlWriter
+    from memllm_jax.files import atomic_open
     from data_gen.synthetic import iter_synthetic, synthetic_rel_info
 
     if args.docs < 1:

@@ -1,36 +1,18 @@
 """Streaming JSON(L) input and atomic output.
 
-Outputs are written to a temporary file next to the target and moved into place with `os.replace` only
+Outputs are written atomically (`memllm_jax.files.atomic_open`): to a temporary file, moved into place only
 when the writer closes without an exception, so a failed build never leaves a partial file.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pathlib
-import tempfile
 from typing import Any, Iterable, Iterator
 
 from memllm_jax.errors import InputError, not_utf8, truncation_note
-
-
-@contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
-    """Open a temp file beside `path`; on success it replaces `path`, on error it is removed."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
-            yield f
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+from memllm_jax.files import atomic_open
 
 
 class JsonlWriter:

@@ -103,7 +103,6 @@ class Stats:
 
     def report(self, title: str = "statistics") -> str:
         rows = self.rows()
-        w = max(len(k) for k, _ in rows)
         lines = [f"## {title}", "", "| statistic | value |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in rows]
         return "\n".join(lines)

@@ -10,279 +10,14 @@ documents) -> table2 -> editing -> scaling -> report (markdown + PNG). `run_stag
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import os
 import pathlib
 import time
 from typing import Any, Callable
 
-STAGES = ("corpus", "tokenizer", "pretrain", "mw", "mr", "memory", "diagnostics", "table2", "editing", "scaling",
-          "report")
-
-
-@dataclasses.dataclass(frozen=True)
-class PipelineConfig:
-    name: str = "default"
-    """Run name (shown in the report)."""
-    corpus: str = "synthetic"
-    """"synthetic" (generated here) or a DocRED-format JSON file (e.g. Re-DocRED test) split into train and
-    held-out evaluation documents."""
-    synth_docs: int = 1500
-    """Synthetic documents generated (train + eval + outside)."""
-    synth_seed: int = 0
-    """Seed of the synthetic world and documents."""
-    eval_corpus: str = ""
-    """A second DocRED-format JSON file whose last `eval_docs` (+ `outside_docs`) documents are the evaluation
-    (and outside) documents, while every document of `corpus` trains (e.g. Re-DocRED train as `corpus` and
-    Re-DocRED test as `eval_corpus`, the paper's split); "" = split `corpus` itself."""
-    heldout_world: bool = True
-    """Synthetic corpus only: the evaluation and outside documents come from a second world that shares no entity
-    with the training documents' world, so the base model cannot know their facts and only memory can supply
-    them (False: one shared world, the facts recur across training and evaluation documents)."""
-    labels: str = ""
-    """Relation labels file for a DocRED corpus ("" = the synthetic labels / data_gen's default)."""
-    eval_docs: int = 40
-    """Documents held out for evaluation (the last ones of the corpus)."""
-    outside_docs: int = 0
-    """Documents (before the evaluation ones) written by the MW model for rows ① (all) and ② (a quarter);
-    0 skips those rows."""
-    write_context_free: int = 0
-    """Extra memory-write training examples per training document: one later sentence with its pretext dropped
-    (`data_gen.write_examples.context_free_items`). Without them the only lone sentences the model sees are
-    documents' first sentences, and it writes a biography's opening facts for any lone sentence about a person."""
-    read_context_free: int = 0
-    """Extra memory-read training examples per training document: the reads of one later sentence with the text
-    before it dropped (`data_gen.read_examples.context_free_records`). Without them every read follows a
-    document's opening, and from a lone sentence start (a Table 3 cloze) the model asks a biography's opening
-    relations instead of the one the sentence states."""
-    keep_freed_memory: bool = True
-    """Keep freed host memory for reuse within each stage (`memllm_jax.train.host_memory`: faster steps); False for
-    a config whose steps change shape enough to fragment the kept heap past the host's memory."""
-    write_question_form: int = 0
-    """Extra memory-write training examples per training document: one of its triples asked as a question with the
-    answer after `protocol.WRITE_BRIDGE`, the form of Table 3's ZsRE edits (`data_gen.write_examples.
-    question_form_items`). Not in the paper's training data; for a base that, without them, writes the question's
-    subject with an object of its own instead of the edit's answer."""
-    read_question_form: int = 0
-    """Extra memory-read training examples per training document: one of its triples asked as a question, the read
-    of its subject and relation, the memory's answer and the object (`data_gen.read_examples.
-    question_form_records`). Not in the paper's training data; Table 3 forces a read after each ZsRE question."""
-    read_misread_rate: float = 0.0
-    """Share of the memory-read training examples' query results replaced by another entity the text named before
-    the read (`data_gen.read_examples.misread`): the paper answers training reads from the imperfect memory its
-    memory-write model wrote, so the read model learns that a result may be wrong; 0 answers every read from the
-    gold triples."""
-    vocab_size: int = 4096
-    """Tokenizer vocabulary (byte-level BPE trained on the training documents). 4096 makes most of the synthetic
-    world's name words single tokens, which the memory-write / memory-read models must copy."""
-    tokenizer_texts: tuple[str, ...] = ("lm", "write", "read")
-    """Training example files (data/train/<kind>.jsonl) whose text trains the tokenizer: with the API examples
-    included, relation names and `>>` get their own tokens."""
-    base_model: str = ""
-    """An HF model directory (e.g. Mistral-7B converted weights) used as the base instead of pretraining;
-    "" = pretrain the tiny base here."""
-    pretrain_config: str = "pretrain_tiny"
-    """experiments/configs module whose get_config() gives the base model's TrainConfig."""
-    mw_config: str = "mw_tiny"
-    """experiments/configs module for the memory-write adapter's TrainConfig."""
-    mr_config: str = "mr_tiny"
-    """experiments/configs module for the memory-read adapter's TrainConfig."""
-    train_overrides: tuple[str, ...] = ()
-    """`section.field=value` for the three training configs, e.g. ("pretrain.steps=200", "mr.lr=1e-3")."""
-    matmul_dtype: str | None = None
-    """Operand dtype of the linear layers' matmuls of every model of the run, trained or evaluated (`ModelConfig.
-    matmul_dtype`; None: each config's own). "bfloat16" multiplies bf16-rounded operands with float32
-    accumulation: TPU's default precision, faster than float32 on CPUs with AMX and slower on CPUs without.
-    "auto": whichever is faster on this host (`model.matmul.fast_operand_dtype`), resolved when the pipeline
-    starts, so stage keys and `config.json` hold the dtype that ran."""
-    encoder: str = "minilm"
-    """Name encoder of every memory."""
-    write_late_stopping: bool = True
-    """Memory writes (the memory stage and the edits) decode with late stopping (paper Appendix A); False: the
-    call ends at the first `})` the model emits."""
-    write_stop_repeats: bool = False
-    """Memory writes stop a call once its last tokens repeat the ones before them (`decode.writer`, "Repeats"):
-    the same triples, but a batch no longer runs to the token budget for one looping call."""
-    write_ban_repeats: int = 0
-    """> 0: a memory-write call never writes an item twice; when the model would, the call rewinds to that item's
-    start and takes its next choice there instead, at most this many times per call (`decode.item_bans`)."""
-    write_max_new_tokens: int = 128
-    """Token budget of one memory-write call; a call cut by it keeps its items closed by `;`. Re-DocRED sentences
-    need more (31% of their gold calls are longer than 128 SmolLM2 tokens, 17% longer than 192)."""
-    write_batch: int = 16
-    """Sentences decoded together by the memory stage."""
-    write_refill: bool = True
-    """The memory stage decodes its sentences in a pool of `write_batch` rows that takes the next sentences as its
-    rows finish (`decode.refill`), instead of consecutive batches that each run until their longest call ends. The
-    trained SmolLM2 memory-write adapter on 10 Re-DocRED documents (73 sentences, pool 32), idle: 1.29x cold and
-    1.37x compiled (115 s against 157 s; docs/decode.md, "Refilling"). The calls are the same up to the rounding of a
-    prompt's prefill in a batch of another shape, which can flip a near-tie of the greedy choice (345 triples
-    against 336 there)."""
-    write_grounded: bool = False
-    """The memory stage keeps only grounded triples (`decode.writer.is_grounded`: both names copied from the
-    document, one of them from the focus sentence, a known relation type); the report gives precision / recall
-    before and after the check."""
-    write_min_confidence: float | str | None = None
-    """The memory stage keeps only the triples the memory-write model wrote with at least this confidence: the
-    log-probability of the least likely token of the item (`decode.writer.item_confidences`); None keeps all.
-    Applied after the grounding check. `"development"`: the threshold among `write_confidence_grid` with the
-    highest F1 on the outside documents (a development set: they are written first, then kept at the chosen
-    threshold without decoding again); `results/memory.json` records the choice and every candidate's figures."""
-    write_confidence_grid: tuple[float, ...] = (-1.0, -0.9, -0.8, -0.7, -0.6, -0.5, -0.4, -0.3)
-    """The thresholds `write_min_confidence="development"` chooses from."""
-    diagnostic_examples: int = 64
-    """Held-out write and read examples on which the adapters' field-split losses (the copy probe) are measured."""
-    rows: tuple[str, ...] = ("baseline1", "baseline2", "row3", "row4", "row5", "row6", "row7", "row8", "row9")
-    """Table 2 rows to evaluate (memllm_jax.eval.rows.ROWS keys)."""
-    read_threshold: float | None = None
-    """Rows with model-chosen read positions: read where p(`({MEM_READ(`) >= this (None: where it is the most
-    likely token, the paper's greedy decoding)."""
-    eval_batch: int = 8
-    """Documents per forward in the perplexity evaluation."""
-    editing: str = "synthetic"
-    """"synthetic" (edits of facts no training document states: `stages._synthetic_edit_records`), a ZsRE JSON
-    path, or "" to skip."""
-    n_edits: int = 16
-    """Edits (records) evaluated."""
-    editing_regimes: tuple[str, ...] = ("sequential", "single")
-    """"sequential" (all edits written, then asked) and/or "single" (T = 1)."""
-    editing_write_checks: bool = False
-    """Write the edits with the memory stage's grounding and confidence checks. Off by default: on the embedded
-    default (confidence >= -0.6) they left 13 more of the 200 edits without any triple; REL / GEN fell from 0.79 /
-    0.82 to 0.71 / 0.76 with single edits and from 0.67 / 0.68 to 0.63 / 0.66 after 200 sequential edits."""
-    editing_max_new_tokens: int = 48
-    """Tokens generated per editing question: the forced read's query (a two-part query with its inverse takes
-    about 30), its answer and the answer text. 24 cut off 7 of the 60 failed sequential REL questions of the
-    embedded default before their query closed. Same seed-0 adapters, 2026-11-23, REL / GEN / LOC: 24 tokens
-    sequential 0.68 / 0.68 / 1.00, single 0.83 / 0.85 / 1.00; 48 tokens 0.70 / 0.69 / 1.00 and 0.865 / 0.88 / 1.00
-    (the editing stage about twice as long)."""
-    editing_memory: str = "editing"
-    """Retrieval thresholds of the edited memory: "editing" (paper Appendix D: tau_e 0.85, tau_t 0.2, tau_r 0.6,
-    chosen for ZsRE questions whose relation words differ from the stored labels), "editing_exact" (the same,
-    but a query whose subject and relation names are stored exactly gets only those exact triples:
-    `MemoryConfig.exact_match_priority`) or "lm" (Table 2's: tau_e = tau_t = 0.7, tau_r = 0.85)."""
-    scaling_sizes: tuple[int, ...] = (0, 100, 1000, 5000)
-    """Distractor triples added to the gold evaluation memory for the scaling curve (empty = skip)."""
-    scaling_row: str = "row7"
-    """Which row's read setting the scaling curve uses."""
-    growth_checkpoints: tuple[int, ...] = (100, 300, 1000, 3000, 10000, 30000)
-    """Triples added when measuring Figure 4's records-per-triple ratio."""
-    parallel_adapters: bool = True
-    """Train the memory-read adapter in a second process while the memory-write adapter trains (both start from
-    the base; experiments/side_stage.py). Faster on a multi-core CPU; set False on an accelerator host, where
-    two processes would compete for the device."""
-
-
-def _hash(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _atomic_json(path: pathlib.Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
-
-
-def _atomic_text(path: pathlib.Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-_DEPENDS = {
-    "corpus": ("corpus", "eval_corpus", "synth_docs", "synth_seed", "heldout_world", "labels", "eval_docs",
-               "outside_docs", "write_context_free", "read_context_free", "write_question_form",
-               "read_question_form", "read_misread_rate"),
-    "tokenizer": ("base_model", "vocab_size", "tokenizer_texts"),
-    "pretrain": ("pretrain_config",),
-    "mw": ("mw_config",),
-    "mr": ("mr_config",),
-    "memory": ("encoder", "write_late_stopping", "write_stop_repeats", "write_ban_repeats", "write_max_new_tokens",
-               "write_batch", "write_refill",
-               "write_grounded", "write_min_confidence", "write_confidence_grid"),
-    "diagnostics": ("diagnostic_examples",),
-    "table2": ("rows", "read_threshold", "eval_batch"),
-    "editing": ("editing", "n_edits", "editing_regimes", "editing_memory", "editing_write_checks",
-                "editing_max_new_tokens"),
-    "scaling": ("scaling_sizes", "scaling_row", "growth_checkpoints"),
-    "report": (),
-}
-"""Each stage's own settings. The training stages' keys also hold their resolved training config (the module's
-contents with the pipeline's `train_overrides` for that section applied)."""
-
-_INPUTS = {
-    "corpus": (),
-    "tokenizer": ("corpus",),
-    "pretrain": ("tokenizer",),
-    "mw": ("pretrain",),
-    "mr": ("pretrain",),
-    "memory": ("mw",),  # the memory-write model writes the memories; the encoder is a memory setting
-    "diagnostics": ("mw", "mr", "memory"),
-    "table2": ("mr", "memory"),
-    "editing": ("mw", "mr", "memory"),  # the edits are written with the memory stage's encoder and budget
-    "scaling": ("mr", "memory"),
-    "report": ("diagnostics", "table2", "editing", "scaling"),
-}
-"""The stages whose outputs a stage reads. A stage reruns when its own settings or those of any stage upstream
-of it change, and only then: e.g. more memory-read training steps rerun `mr` and the evaluations, not `memory`."""
-
-
-def _upstream(name: str) -> list[str]:
-    """`name` and every stage it reads from, directly or not, in pipeline order."""
-    seen, todo = set(), [name]
-    while todo:
-        stage = todo.pop()
-        if stage not in seen:
-            seen.add(stage)
-            todo.extend(_INPUTS[stage])
-    return [s for s in STAGES if s in seen]
-
-
-def resolve_host_settings(cfg: PipelineConfig, say: Callable[[str], None] = print) -> PipelineConfig:
-    """`cfg` with "auto" settings replaced by what this host runs fastest."""
-    from memllm_jax.model.matmul import AUTO, fast_operand_dtype
-
-    if cfg.matmul_dtype != AUTO:
-        return cfg
-    dtype = fast_operand_dtype()
-    say(f"matmul_dtype auto -> {dtype} on this host")
-    return dataclasses.replace(cfg, matmul_dtype=dtype)
-
-
-def train_overrides(cfg: PipelineConfig) -> tuple[str, ...]:
-    """The training configs' overrides: `cfg.train_overrides`, then `cfg.matmul_dtype` for every section."""
-    if cfg.matmul_dtype is None:
-        return cfg.train_overrides
-    return cfg.train_overrides + tuple(f"{s}.model.matmul_dtype={cfg.matmul_dtype}" for s in ("pretrain", "mw", "mr"))
-
-
-_TRAINING_STAGES = ("tokenizer", "pretrain", "mw", "mr")
-_EVAL_SPLIT_FIELDS = ("eval_corpus", "eval_docs", "outside_docs")
-"""Once `eval_corpus` names a separate file, these settings choose only the evaluation and outside documents
-(every document of `corpus` trains), so the training stages do not depend on them: evaluating the same adapters
-on another file reruns the corpus split and the evaluations, not the training."""
-
-
-def stage_key(cfg: PipelineConfig, name: str) -> str:
-    """A stage's key covers its own settings and those of every stage upstream of it (its inputs)."""
-    settings = {s: {f: getattr(cfg, f) for f in _DEPENDS[s]} for s in _upstream(name)}
-    if name in _TRAINING_STAGES and cfg.eval_corpus:
-        settings["corpus"] = {f: v for f, v in settings["corpus"].items() if f not in _EVAL_SPLIT_FIELDS}
-    for stage, module_field in (("pretrain", "pretrain_config"), ("mw", "mw_config"), ("mr", "mr_config")):
-        if stage in settings:  # the training config's contents, not just its module name
-            settings[stage]["resolved"] = _resolved_train_config(getattr(cfg, module_field), stage, train_overrides(cfg))
-    return _hash(settings)
-
-
-def _resolved_train_config(module: str, section: str, overrides: tuple[str, ...]) -> Any:
-    """A training config with the pipeline's own paths blanked, so editing e.g. `steps` in the module reruns it."""
-    from experiments.training import train_config
-
-    resolved = train_config(module, section, overrides, train_data="", tokenizer="", workdir="", init=None)
-    return dataclasses.asdict(resolved)
+from experiments import stages
+from experiments.pipeline_config import STAGES, PipelineConfig, resolve_host_settings, stage_key
+from memllm_jax.files import atomic_write_json
 
 
 class Pipeline:
@@ -309,11 +44,12 @@ class Pipeline:
         from memllm_jax.train.host_memory import release_freed_memory
 
         release_freed_memory()  # `memllm run` keeps freed memory for reuse within a stage, not across stages
-        _atomic_json(self.out / "stages" / f"{name}.json", {"key": stage_key(self.cfg, name), "seconds": seconds, **info})
+        atomic_write_json(self.out / "stages" / f"{name}.json", {"key": stage_key(self.cfg, name), "seconds": seconds, **info},
+                          indent=1, default=str)
         self.say(f"[{name}] done in {seconds:.1f}s")
 
     def run(self, stages=STAGES) -> None:
-        _atomic_json(self.out / "config.json", dataclasses.asdict(self.cfg))
+        atomic_write_json(self.out / "config.json", dataclasses.asdict(self.cfg), indent=1, default=str)
         side = None
         try:
             for name in stages:
@@ -353,9 +89,7 @@ class Pipeline:
 
             path = self.out / "train" / which
             if which == "base" and self.cfg.base_model:
-                from experiments.stages import _base_dir
-
-                path = pathlib.Path(_base_dir(self))
+                path = pathlib.Path(stages._base_dir(self))
             elif which == "base":
                 path = self.out / "train" / "pretrain"
             model = load_trained(path, vocab_size=self.tokenizer().vocab_size)
@@ -393,8 +127,16 @@ class Pipeline:
 
         return TripleMemory.open(self.out / "memory" / which, self.encoder())
 
-    # stages -------------------------------------------------------------------------------------------
+    # stages (experiments/stages.py) -------------------------------------------------------------------
 
-    from experiments.stages import (stage_corpus, stage_diagnostics, stage_editing, stage_memory,  # noqa: E402
-                                    stage_mr, stage_mw, stage_pretrain, stage_report, stage_scaling, stage_table2,
-                                    stage_tokenizer)
+    stage_corpus = stages.stage_corpus
+    stage_tokenizer = stages.stage_tokenizer
+    stage_pretrain = stages.stage_pretrain
+    stage_mw = stages.stage_mw
+    stage_mr = stages.stage_mr
+    stage_memory = stages.stage_memory
+    stage_diagnostics = stages.stage_diagnostics
+    stage_table2 = stages.stage_table2
+    stage_editing = stages.stage_editing
+    stage_scaling = stages.stage_scaling
+    stage_report = stages.stage_report

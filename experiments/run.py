@@ -53,7 +53,8 @@ def sweep_points(module) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from experiments.pipeline import STAGES, Pipeline, PipelineConfig
+    from experiments.pipeline import Pipeline
+    from experiments.pipeline_config import STAGES, PipelineConfig
     from memllm_jax.config import override
     from memllm_jax.train.host_memory import keep_freed_memory
 

@@ -8,12 +8,14 @@ import pathlib
 import random
 import shutil
 
-from experiments.pipeline import _atomic_json, _atomic_text, stage_key, train_overrides
+from experiments.pipeline_config import stage_key, train_overrides
 from memllm_jax.errors import InputError, load_json
+from memllm_jax.files import atomic_write_json, atomic_write_text
 
 
-def _write_json_array(path: pathlib.Path, docs: list) -> None:
-    _atomic_json(path, docs)
+def _save_json(path: pathlib.Path, obj) -> None:
+    """A stage's JSON output (results, splits), written atomically; values JSON lacks are written as text."""
+    atomic_write_json(path, obj, indent=1, default=str)
 
 
 def _labels(self):
@@ -70,8 +72,8 @@ def stage_corpus(self):
     split = {"train": raw[: len(raw) - n_eval - n_out], "outside": raw[len(raw) - n_eval - n_out: len(raw) - n_eval],
              "eval": raw[len(raw) - n_eval:]}
     for name, docs in split.items():
-        _write_json_array(data / f"{name}.json", docs)
-    _atomic_json(data / "rel_info.json", _labels(self))
+        _save_json(data / f"{name}.json", docs)
+    _save_json(data / "rel_info.json", _labels(self))
     from data_gen.build import build_all
 
     labels = _labels(self)
@@ -87,7 +89,7 @@ def stage_corpus(self):
 
     overlap = heldout_overlap(_documents(self, "train"), _documents(self, "eval"),
                               [t for d in load_eval_docs(data / "eval" / "eval.jsonl") for r in d.reads for t in r.targets])
-    _atomic_json(self.out / "results" / "corpus.json", {"documents": {k: len(v) for k, v in split.items()},
+    _save_json(self.out / "results" / "corpus.json", {"documents": {k: len(v) for k, v in split.items()},
                                                        "heldout_world": cfg.corpus == "synthetic" and cfg.heldout_world,
                                                        "overlap": overlap})
     self.say(f"  evaluation facts stated in training documents: {overlap['triples_in_train']:.3f} of gold triples, "
@@ -135,7 +137,7 @@ def _training_workdir(self, section: str) -> pathlib.Path:
         shutil.rmtree(workdir)
     stamp.unlink(missing_ok=True)  # it describes the run just removed; an interruption from here on resumes
     workdir.mkdir(parents=True, exist_ok=True)
-    _atomic_text(key_file, key)
+    atomic_write_text(key_file, key)
     return workdir
 
 
@@ -223,7 +225,7 @@ def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None
         info["before_confidence"] = write_agreement(kept + st.unconfident, gold)
     if log is not None:
         gold_keys = {triple_key(t) for t in gold}
-        _atomic_text(log, "".join(json.dumps({"source": source, "subject": t.subject, "relation": t.relation,
+        atomic_write_text(log, "".join(json.dumps({"source": source, "subject": t.subject, "relation": t.relation,
                                               "object": t.object, "fate": fate, "gold": triple_key(t) in gold_keys})
                                   + "\n" for source, t, fate in st.written))
     return mem, info
@@ -299,7 +301,7 @@ def stage_memory(self):
                              **_write_budget(self, info["min_confidence"]))
             big.save(self.out / "memory" / name)
             info[name] = big.stats()["triples"]
-    _atomic_json(self.out / "results" / "memory.json", info)
+    _save_json(self.out / "results" / "memory.json", info)
     agree = info["mw_eval"]
     self.say(f"  gold memory: {info['gold_triples']} triples; MW memory: {agree['triples']} triples written, "
              f"precision {agree['precision']:.2f} recall {agree['recall']:.2f} against the gold triples (by entity: "
@@ -357,7 +359,7 @@ def stage_diagnostics(self):
     if "development" in memory:
         info["mw_threshold"] = {"min_confidence": memory["min_confidence"], **memory["development"]}
     info["mw_curve"] = _mw_curve(self, memory["mw_eval"])
-    _atomic_json(self.out / "results" / "diagnostics.json", info)
+    _save_json(self.out / "results" / "diagnostics.json", info)
     self.say(f"  mw: {info['mw_names_in_eval_text']['fraction']:.2f} of written names occur in the evaluation text")
     return {}
 
@@ -390,13 +392,13 @@ def stage_table2(self):
         res = evaluate_perplexity(model, tok, docs, memory, setting, batch_size=self.cfg.eval_batch, progress=self.say,
                                   trace_docs=TRACE_DOCS)
         results[row.key] = {"name": row.name, "description": row.description, **res.to_json()}
-        _atomic_json(self.out / "results" / "traces" / f"{row.key}.json", res.traces)  # for index.html
+        _save_json(self.out / "results" / "traces" / f"{row.key}.json", res.traces)  # for index.html
         p = res.ppl
         self.say(f"  {row.name:12s} OVERALL {p['overall']:.3f}  TARGET {p['target']:.3f}  ENTITY {p['entity']:.3f}"
                  f"  reads {res.stats['reads']} ({res.stats['reads_with_results']} with results)")
-        _atomic_json(path, results)
+        _save_json(path, results)
     md = table2_markdown(results)
-    _atomic_text(self.out / "results" / "table2.md", md + "\n")
+    atomic_write_text(self.out / "results" / "table2.md", md + "\n")
     plot_table2(results, self.out / "results" / "table2.png")
     self.say(md)
     return {"rows": list(results)}
@@ -458,10 +460,10 @@ def stage_editing(self):
     out = {k: v.to_json() for k, v in res.items()}
     # a ZsRE file's results sit next to the synthetic analogue's: `table3_<file stem>.*`
     stem = "table3" if self.cfg.editing == "synthetic" else "table3_" + pathlib.Path(self.cfg.editing).stem
-    _atomic_json(self.out / "results" / f"{stem}.json", out)
+    _save_json(self.out / "results" / f"{stem}.json", out)
     md = table3_markdown(out, "Table 3 analogue (ours, synthetic edits)" if self.cfg.editing == "synthetic"
                          else f"Table 3 (ours, {pathlib.Path(self.cfg.editing).name}, {len(records)} records)")
-    _atomic_text(self.out / "results" / f"{stem}.md", md + "\n")
+    atomic_write_text(self.out / "results" / f"{stem}.md", md + "\n")
     self.say(md)
     return {"regimes": list(out)}
 
@@ -487,9 +489,9 @@ def stage_scaling(self):
                                         batch_size=self.cfg.eval_batch, progress=self.say)
         points = [p.__dict__ for p in pts]
     growth = memory_growth(self.encoder(), base + distractors, self.cfg.growth_checkpoints)
-    _atomic_json(self.out / "results" / "scaling.json", {"points": points, "growth": growth})
+    _save_json(self.out / "results" / "scaling.json", {"points": points, "growth": growth})
     md = scaling_markdown(points, growth)
-    _atomic_text(self.out / "results" / "scaling.md", md + "\n")
+    atomic_write_text(self.out / "results" / "scaling.md", md + "\n")
     plot_scaling(points, growth, self.out / "results" / "scaling.png")
     self.say(md)
     return {"points": len(points), "growth": len(growth)}
@@ -515,7 +517,7 @@ def stage_report(self):
     for name in ("table2.png", "scaling.png"):
         if (res / name).exists():
             parts.append(f"![{name}]({name})")
-    _atomic_text(res / "report.md", "\n".join(parts) + "\n")
+    atomic_write_text(res / "report.md", "\n".join(parts) + "\n")
     self.say(f"report: {res / 'report.md'}")
     from experiments.report_html import build
     from experiments.tb_eval import log_results

@@ -4,11 +4,11 @@ as such) and PNG plots (matplotlib, Agg backend)."""
 from __future__ import annotations
 
 import math
-import os
 import pathlib
 from typing import Mapping, Sequence
 
 from memllm_jax.eval.rows import PAPER_TABLE2, PAPER_TABLE3, ROWS
+from memllm_jax.files import atomic_open
 from memllm_jax.eval.write_quality import threshold_label
 
 
@@ -156,10 +156,8 @@ def scaling_markdown(points: Sequence[Mapping], growth: Sequence[Mapping]) -> st
 
 
 def _savefig(fig, path: pathlib.Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=120, bbox_inches="tight")
 
 
 def plot_scaling(points: Sequence[Mapping], growth: Sequence[Mapping], path: str | pathlib.Path) -> pathlib.Path:

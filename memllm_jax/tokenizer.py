@@ -21,6 +21,7 @@ import numpy as np
 
 from memllm_jax import protocol
 from memllm_jax.errors import InputError
+from memllm_jax.files import atomic_write_text
 
 BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
 
@@ -67,8 +68,8 @@ class Tokenizer:
         if self._hf is not None:
             self._hf.save_pretrained(str(out))
         else:
-            _save_json_atomic(out / "tokenizer.json", self._tok.to_str())
-            _save_json_atomic(out / "memllm_tokenizer.json", json.dumps({"bos": BOS, "eos": EOS, "pad": PAD, "unk": UNK}))
+            atomic_write_text(out / "tokenizer.json", self._tok.to_str())
+            atomic_write_text(out / "memllm_tokenizer.json", json.dumps({"bos": BOS, "eos": EOS, "pad": PAD, "unk": UNK}))
         return out
 
 
@@ -80,11 +81,6 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def _save_json_atomic(path: pathlib.Path, text: str) -> None:
-    from data_gen.io import atomic_open  # noqa: PLC0415 - tiny helper, avoids duplicating atomic writes
-
-    with atomic_open(path) as f:
-        f.write(text)
 
 
 def _check_no_marker_spelled(backend, path: str) -> None:

@@ -130,8 +130,8 @@ def test_memory_stage_reports_precision_before_and_after_grounding(monkeypatch, 
     import types
 
     import data_gen.gold_memory
-    from experiments.pipeline import PipelineConfig  # before experiments.stages, which it imports
     from experiments import stages
+    from experiments.pipeline_config import PipelineConfig
     from test_decode_writer import TOK
 
     monkeypatch.setattr(data_gen.gold_memory, "gold_triples", lambda doc: [protocol.Triple("a", "r", "b"),
@@ -164,8 +164,8 @@ def test_memory_stage_reports_precision_before_the_confidence_check(monkeypatch)
     import types
 
     import data_gen.gold_memory
-    from experiments.pipeline import PipelineConfig  # before experiments.stages, which it imports
     from experiments import stages
+    from experiments.pipeline_config import PipelineConfig
     from test_decode_writer import TOK, unsure_policy
 
     monkeypatch.setattr(data_gen.gold_memory, "gold_triples", lambda doc: [protocol.Triple("a", "r", "b")])
@@ -194,8 +194,8 @@ def test_memory_stage_chooses_the_confidence_threshold_on_the_outside_documents(
     import types
 
     import data_gen.gold_memory
-    from experiments.pipeline import PipelineConfig  # before experiments.stages, which it imports
     from experiments import stages
+    from experiments.pipeline_config import PipelineConfig
     from memllm_jax.memory import TripleMemory
     from test_decode_writer import TOK, unsure_policy
 
@@ -231,8 +231,8 @@ def test_memory_stage_chooses_the_confidence_threshold_on_the_outside_documents(
 def test_memory_stage_names_a_misspelt_threshold_setting(tmp_path):
     import types
 
-    from experiments.pipeline import PipelineConfig  # before experiments.stages, which it imports
     from experiments import stages
+    from experiments.pipeline_config import PipelineConfig
     from memllm_jax.errors import InputError
 
     pipe = types.SimpleNamespace(cfg=PipelineConfig(write_min_confidence="developement"), out=tmp_path)

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from experiments import run
-from experiments.pipeline import STAGES, Pipeline, PipelineConfig, stage_key
+from experiments.pipeline import Pipeline
+from experiments.pipeline_config import STAGES, PipelineConfig, stage_key
 from experiments.tables import plot_scaling, scaling_markdown, table2_markdown, table3_markdown
 
 
@@ -135,7 +136,7 @@ def test_stage_key_follows_the_training_config_contents(monkeypatch):
     import dataclasses as dc
     import importlib
 
-    from experiments.pipeline import PipelineConfig, stage_key
+    from experiments.pipeline_config import PipelineConfig, stage_key
 
     cfg = PipelineConfig()
     stages = ("mw", "mr", "memory", "table2", "editing")
@@ -160,7 +161,7 @@ def test_stage_keys_follow_the_data_flow():
 
 
 def test_matmul_dtype_reaches_every_training_config_and_reruns_everything_trained():
-    from experiments.pipeline import train_overrides
+    from experiments.pipeline_config import train_overrides
     from experiments.training import train_config
 
     base = PipelineConfig(base_model="", train_overrides=("mw.steps=5",))
@@ -192,7 +193,8 @@ def test_auto_matmul_dtype_is_resolved_once_to_this_hosts_fast_dtype(tmp_path, m
 def test_context_bound_covers_the_longest_evaluation_document(tmp_path):
     import types
 
-    from experiments.pipeline import Pipeline, PipelineConfig
+    from experiments.pipeline import Pipeline
+    from experiments.pipeline_config import PipelineConfig
     from memllm_jax.config import TINY
 
     (tmp_path / "data" / "eval").mkdir(parents=True)

@@ -2,7 +2,6 @@
 loss; a run killed mid-way resumes to bitwise the same parameters; NaN stops the run keeping good checkpoints;
 checkpoints restore into another mesh."""
 
-import dataclasses
 import json
 import os
 import re

@@ -37,7 +37,7 @@ default precision) on TPUs, GPUs and CPUs with AMX, where XLA runs them 3-5x fas
 CPUs without AMX, where bf16 dots are slower (the LoRA step 1.37x slower on an AVX-512 Xeon). Both meet the
 job's goals (README)."""
 
-from experiments.pipeline import PipelineConfig
+from experiments.pipeline_config import PipelineConfig
 
 
 def get_config() -> PipelineConfig:

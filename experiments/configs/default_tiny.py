@@ -3,7 +3,7 @@ corpus with a held-out evaluation world, tiny base, both adapters, Table 2 rows,
 synthetic edits and the scaling curve, on a 2-core CPU. Its models do not learn to copy names from their
 context, which both memory skills need (see README); `default` starts from SmolLM2-135M instead."""
 
-from experiments.pipeline import PipelineConfig
+from experiments.pipeline_config import PipelineConfig
 
 
 def get_config() -> PipelineConfig:

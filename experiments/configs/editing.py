@@ -3,7 +3,7 @@ embedded default's models. The sweep varies the number of sequential edits T."""
 
 import pathlib
 
-from experiments.pipeline import PipelineConfig
+from experiments.pipeline_config import PipelineConfig
 
 ZSRE = str(pathlib.Path(__file__).resolve().parents[3] / "shared" / "data" / "zsre" / "zsre_dev200.json")
 

@@ -7,7 +7,7 @@ tokenizer) at $MISTRAL_7B_DIR or checkpoints/mistral-7b-v0.1. Run: memllm run --
 import os
 import pathlib
 
-from experiments.pipeline import PipelineConfig
+from experiments.pipeline_config import PipelineConfig
 
 SHARED = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
 

@@ -3,7 +3,7 @@ held-out documents, with the tiny model on CPU. Run: memllm run --config redocre
 
 import pathlib
 
-from experiments.pipeline import PipelineConfig
+from experiments.pipeline_config import PipelineConfig
 
 SHARED = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
 

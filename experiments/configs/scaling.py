@@ -1,6 +1,6 @@
 """Scaling the stored triples: TARGET PPL as distractors grow and Figure 4's records-per-triple ratio."""
 
-from experiments.pipeline import PipelineConfig
+from experiments.pipeline_config import PipelineConfig
 
 
 def get_config() -> PipelineConfig:

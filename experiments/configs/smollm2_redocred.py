@@ -64,7 +64,7 @@ both adapters in one process has not been timed since; `MEMLLM_DEFAULT_MALLOC=1`
 
 import pathlib
 
-from experiments.pipeline import PipelineConfig
+from experiments.pipeline_config import PipelineConfig
 
 SHARED = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
 

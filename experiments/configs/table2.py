@@ -1,7 +1,7 @@
 """Table 2 on the embedded default's artefacts; the sweep evaluates one row per point (models are trained
 once: only the table2 stage's settings change between points)."""
 
-from experiments.pipeline import PipelineConfig
+from experiments.pipeline_config import PipelineConfig
 from memllm_jax.eval.rows import ROWS
 
 

@@ -20,9 +20,7 @@ interleaved in the same run (bench/timing.py); figures are medians with the half
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import tempfile
-import time
 
 import numpy as np
 

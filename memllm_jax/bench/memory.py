@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from memllm_jax.bench.timing import Timing, markdown_table, ratio_row
+from memllm_jax.files import atomic_open
 
 DIM = 384
 
@@ -110,11 +111,8 @@ def load_data(n_ent: int, seed: int, cache_dir: pathlib.Path | None) -> tuple[di
             print(f"cache {path}: unreadable ({e}); regenerating", flush=True)
     data = make_data(n_ent, seed)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
+        with atomic_open(path, "wb") as f:
             np.savez(f, **data)
-        os.replace(tmp, path)
     return data, False
 
 

@@ -20,7 +20,8 @@ import argparse
 import json
 import pathlib
 
-from memllm_jax.decode.write_cli import PROGRESS, CorpusError, _atomic_json, read_progress, source_order
+from memllm_jax.decode.write_cli import PROGRESS, CorpusError, read_progress, source_order
+from memllm_jax.files import atomic_write_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
     if states is not None:
         done = sorted({doc for s in states for doc in s["done"]})
         totals = [s.get("total") for s in states]
-        _atomic_json(args.out / PROGRESS, {"corpus": states[0]["corpus"], "shard": [0, 1], "done": done,
+        atomic_write_json(args.out / PROGRESS, {"corpus": states[0]["corpus"], "shard": [0, 1], "done": done,
                                            **({"total": sum(totals)} if None not in totals else {})})
     print(json.dumps({"shards": len(memories), "triples": len(merged.triples), "entities": len(merged.entities),
                       "relations": len(merged.relations),

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import re
 from typing import Iterator
 
 from memllm_jax.decode.writer import WriteDocument
 from memllm_jax.errors import InputError, read_text
+from memllm_jax.files import atomic_write_json
 
 PROGRESS = "write_progress.json"
 _SENT_END = re.compile(r"(?<=[.!?])\s+")
@@ -97,12 +97,6 @@ def source_order(source: str) -> tuple[int, int] | None:
     if colon and k.isdigit() and sentence.isdigit():
         return int(k), int(sentence)
     return None
-
-
-def _atomic_json(path: pathlib.Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -186,7 +180,7 @@ def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path
     def checkpoint():
         memory_dir.mkdir(parents=True, exist_ok=True)
         memory.save(memory_dir)
-        _atomic_json(progress_path, {"corpus": str(corpus.resolve()), "shard": list(shard), "total": len(mine),
+        atomic_write_json(progress_path, {"corpus": str(corpus.resolve()), "shard": list(shard), "total": len(mine),
                                      "done": sorted(done)})
 
     def on_batch(stats, finished):

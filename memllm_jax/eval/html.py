@@ -14,6 +14,8 @@ import pathlib
 import re
 from typing import Sequence
 
+from memllm_jax.files import atomic_write_text
+
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1180px;
  color:#1d2330;line-height:1.45;padding:0 16px}
@@ -47,12 +49,8 @@ def page(title: str, body: str) -> str:
 
 def write_page(path: str | os.PathLike, title: str, body: str) -> pathlib.Path:
     """Write the page atomically (temp file, then rename)."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(page(title, body), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    atomic_write_text(path, page(title, body))
+    return pathlib.Path(path)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence], caption: str = "", cls: str = "") -> str:

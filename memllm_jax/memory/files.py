@@ -27,6 +27,7 @@ import time
 import numpy as np
 
 from memllm_jax.errors import InputError, read_text
+from memllm_jax.files import atomic_write_text
 from memllm_jax.protocol import Triple
 
 FORMAT_VERSION = 1
@@ -44,15 +45,6 @@ def _fsync_dir(path: pathlib.Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def atomic_write_text(path: pathlib.Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _sha256(path: pathlib.Path) -> str:

@@ -419,7 +419,7 @@ class TripleMemory:
         return files.load(cls, pathlib.Path(directory), encoder, config)
 
     def export_jsonl(self, path) -> int:
-        from memllm_jax.memory.files import atomic_write_text
+        from memllm_jax.files import atomic_write_text
 
         recs = self.records()
         atomic_write_text(pathlib.Path(path), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs))

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import pathlib
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +22,7 @@ from flax import nnx
 
 from memllm_jax.config import LoraConfig, ModelConfig
 from memllm_jax.errors import InputError, load_json
+from memllm_jax.files import atomic_write_json
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -278,12 +278,6 @@ def load_hf(
 # ---- writing ------------------------------------------------------------------------------------------
 
 
-def _atomic_write_json(path: pathlib.Path, obj) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
 def _save_safetensors(tensors: dict[str, np.ndarray], path: pathlib.Path, metadata=None) -> None:
     from safetensors.numpy import save_file
 
@@ -334,9 +328,10 @@ def save_hf(model, directory: str | os.PathLike, *, merge_lora: bool = False, ma
             _save_safetensors(shard, directory / fname)
             weight_map.update({name: fname for name in shard})
             total += sum(a.nbytes for a in shard.values())
-        _atomic_write_json(directory / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map})
+        atomic_write_json(directory / INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2,
+                          sort_keys=True)
         (directory / SINGLE_FILE).unlink(missing_ok=True)
-    _atomic_write_json(directory / "config.json", config_to_hf(model.cfg))
+    atomic_write_json(directory / "config.json", config_to_hf(model.cfg), indent=2, sort_keys=True)
 
 
 def save_peft_adapter(model, directory: str | os.PathLike, base_model_name_or_path: str | None = None) -> None:
@@ -371,7 +366,7 @@ def save_peft_adapter(model, directory: str | os.PathLike, base_model_name_or_pa
         rows = np.asarray(jax.device_get(token_lora.merged_embedding(model.embed[...])))[list(token_lora.token_ids)]
         tensors["base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta"] = rows
     _save_safetensors(tensors, directory / "adapter_model.safetensors")
-    _atomic_write_json(directory / "adapter_config.json", {
+    atomic_write_json(directory / "adapter_config.json", {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model_name_or_path,
@@ -385,4 +380,4 @@ def save_peft_adapter(model, directory: str | os.PathLike, base_model_name_or_pa
         "use_rslora": False,
         "use_dora": False,
         "trainable_token_indices": {"embed_tokens": list(lora_cfg.trainable_tokens)} if lora_cfg.trainable_tokens else None,
-    })
+    }, indent=2, sort_keys=True)

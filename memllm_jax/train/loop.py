@@ -25,6 +25,7 @@ import numpy as np
 
 from memllm_jax.config import MODEL_LAYOUT_FIELDS, LoraConfig, MeshConfig, ModelConfig
 from memllm_jax.errors import InputError
+from memllm_jax.files import atomic_write_json
 from memllm_jax.train import data as D
 from memllm_jax.train import step as S
 from memllm_jax.train.checkpoint import Checkpointer
@@ -191,13 +192,6 @@ def config_from_json(d: dict) -> TrainConfig:
     return TrainConfig(**d)
 
 
-def _write_json(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
-
-
 def _check_resumable(workdir: str, cfg: TrainConfig) -> None:
     """Refuse to continue a checkpoint that was trained under other settings (e.g. another learning rate or
     packing): its steps would be mixed into this run's without a word."""
@@ -278,7 +272,7 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
     elif ckpt.latest_step() is not None:
         ckpt.clear()
     if pidx == 0:
-        _write_json(os.path.join(workdir, "train_config.json"), _config_to_json(cfg))
+        atomic_write_json(os.path.join(workdir, "train_config.json"), _config_to_json(cfg), indent=1)
     n_trained = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
     logger = MetricsLogger(workdir, total_steps=total, start_step=start, progress=cfg.progress, name=cfg.name)
     logger.write(
@@ -374,7 +368,7 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
         plot_path=plot_path, stopped_early=stopped,
     )
     if pidx == 0 and not stopped:
-        _write_json(os.path.join(workdir, "result.json"), result.to_dict())
+        atomic_write_json(os.path.join(workdir, "result.json"), result.to_dict(), indent=1)
     logger.write(
         f"{cfg.name}: done at step {result.step}/{total} in {result.seconds:.0f}s; train loss {result.train_loss}, "
         f"eval loss {result.eval_loss} (unigram baseline {unigram})"

@@ -15,6 +15,8 @@ from typing import Any
 
 import jax
 
+from memllm_jax.files import atomic_write_text
+
 
 class MetricsLogger:
     def __init__(self, workdir: str, *, total_steps: int, start_step: int = 0, progress: bool = True,
@@ -29,10 +31,7 @@ class MetricsLogger:
             return
         os.makedirs(workdir, exist_ok=True)
         self.history = [r for r in _read(self.path) if r.get("step", 0) <= start_step]
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in self.history)
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.history))
         self._file = open(self.path, "a")
         from tensorboardX import SummaryWriter
 

@@ -6,6 +6,7 @@ import math
 import os
 from typing import Sequence
 
+from memllm_jax.files import atomic_open
 from memllm_jax.train.metrics import read_metrics
 
 
@@ -35,9 +36,7 @@ def plot_loss(metrics_paths: Sequence[str], out_png: str, labels: Sequence[str] 
         ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
-    tmp = out_png + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
+    with atomic_open(out_png, "wb") as f:
+        fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
-    os.replace(tmp, out_png)
     return out_png
