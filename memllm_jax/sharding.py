@@ -150,6 +150,25 @@ def abstract_model(cfg: ModelConfig, lora_cfg: LoraConfig | None = None, mesh: M
     return graphdef, state
 
 
+HOST_INIT_MAX_BYTES = 1 << 30
+"""Models smaller than this are initialised eagerly on the host (fast numpy initialisers) and then placed
+into their shardings; larger ones are initialised under `jax.jit` directly into their shardings."""
+
+
+def create_model(model_cfg: ModelConfig, lora: LoraConfig | None, mesh, seed: int):
+    """A randomly initialised model placed on `mesh` by its logical-axis shardings."""
+    from flax import nnx
+
+    from memllm_jax.model.mistral import Mistral
+
+    if param_bytes(model_cfg, lora, mesh)[0] > HOST_INIT_MAX_BYTES:
+        return create_sharded_model(model_cfg, lora, mesh, seed)
+    model = Mistral(model_cfg, lora, rngs=nnx.Rngs(seed))
+    graphdef, state = nnx.split(model)
+    state = jax.device_put(state, state_shardings(state, mesh))
+    return nnx.merge(graphdef, state)
+
+
 def create_sharded_model(cfg: ModelConfig, lora_cfg: LoraConfig | None, mesh: Mesh, seed: int = 0):
     """Initialise a Mistral directly into its shardings on `mesh`."""
     from flax import nnx

@@ -143,7 +143,7 @@ def _plain(model, mesh, seed: int = 0):
     if model.lora_cfg is None:
         return model
     merge_lora(model)
-    from memllm_jax.train.loop import create_model
+    from memllm_jax.sharding import create_model
 
     plain = create_model(model.cfg, None, mesh if mesh is not None else _single_mesh(), seed)
     nnx.update(plain, nnx.state(model, BASE_PARAMS))
@@ -178,7 +178,7 @@ def _base_model(source: str, cfg, lora, extra_tokens: int, mesh, where: str):
             raise InputError(f"{where}: its base {source} has {model.cfg.vocab_size} vocabulary rows, the checkpoint "
                              f"{cfg.vocab_size}")
         return model
-    from memllm_jax.train.loop import create_model
+    from memllm_jax.sharding import create_model
 
     model = create_model(cfg, lora, mesh if mesh is not None else _single_mesh(), 0)
     load_base_into(model, source)
@@ -208,6 +208,31 @@ def load_base_into(model, source: str) -> None:
         diff = next((k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)))
         raise InputError(f"{source}: base parameter {diff!r} has shape {a.get(diff)}, the model expects {b.get(diff)}")
     nnx.update(model, theirs)
+
+
+def build_model(cfg, mesh, vocab_size: int | None = None):
+    """The model a training run (`TrainConfig` `cfg`) starts from, on `mesh`: random, or the base weights of
+    `cfg.init_checkpoint` (any source above), with fresh adapters in LoRA mode."""
+    from memllm_jax.sharding import create_model
+
+    lora = cfg.lora if cfg.mode == "lora" else None
+    init = cfg.init_checkpoint
+    if init and (str(init).lower().endswith(".gguf") or (pathlib.Path(init) / "config.json").exists()):
+        from memllm_jax.model.gguf import resolve_model_dir
+        from memllm_jax.model.hf import load_hf
+
+        hf_dir = resolve_model_dir(init)  # a .gguf file is converted once to an HF directory
+        hf_vocab = _hf_vocab(pathlib.Path(hf_dir))
+        extra = max(0, (vocab_size or hf_vocab) - hf_vocab)
+        layout = {f: getattr(cfg.model, f) for f in MODEL_LAYOUT_FIELDS if f != "max_seq_len"}
+        _, model = load_hf(str(hf_dir), mesh, lora=lora, extra_tokens=extra, seed=cfg.seed, **layout)
+        return model
+    if vocab_size is not None and vocab_size > cfg.model.vocab_size:
+        raise ValueError(f"the tokenizer has {vocab_size} ids but TrainConfig.model.vocab_size={cfg.model.vocab_size}")
+    model = create_model(cfg.model, lora, mesh, cfg.seed)
+    if init:
+        load_base_into(model, init)
+    return model
 
 
 def _flat_shapes(state):
@@ -264,9 +289,9 @@ def _load_legacy(workdir: pathlib.Path, mesh, tokenizer: str | None):
     from flax import nnx
 
     from memllm_jax.config import MeshConfig
-    from memllm_jax.train import loop
+    from memllm_jax.train.config import config_from_json
 
-    cfg = loop.config_from_json(json.loads((workdir / "train_config.json").read_text()))
+    cfg = config_from_json(json.loads((workdir / "train_config.json").read_text()))
     mesh = mesh if mesh is not None else _single_mesh()
     cfg = dc.replace(cfg, mesh=MeshConfig(*mesh.devices.shape))
     vocab = None
@@ -274,7 +299,7 @@ def _load_legacy(workdir: pathlib.Path, mesh, tokenizer: str | None):
         from memllm_jax.tokenizer import load_tokenizer
 
         vocab = load_tokenizer(tokenizer or cfg.tokenizer).vocab_size
-    model = loop.build_model(cfg, mesh, vocab)
+    model = build_model(cfg, mesh, vocab)
     trained = nnx.state(model, nnx.LoRAParam if cfg.mode == "lora" else nnx.Param)
     nnx.update(model, read_legacy_params(workdir / "params", _abstract(trained)))
     return model

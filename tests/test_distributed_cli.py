@@ -123,14 +123,16 @@ def _restore(workdir: pathlib.Path, step: int):
     """The train state of `workdir/ckpt` at `step`, restored in this single process (8 devices) into the
     shardings of a freshly built state."""
     from memllm_jax.sharding import make_mesh
+    from memllm_jax.sources import build_model
     from memllm_jax.train import loop
     from memllm_jax.train import step as S
     from memllm_jax.train.checkpoint import Checkpointer
+    from memllm_jax.train.config import config_from_json
     from memllm_jax.train.optimizer import make_optimizer
 
-    cfg = loop.config_from_json(json.loads((workdir / "train_config.json").read_text()))
+    cfg = config_from_json(json.loads((workdir / "train_config.json").read_text()))
     mesh = make_mesh(cfg.mesh)
-    split = S.split_model(loop.build_model(cfg, mesh), cfg.mode)
+    split = S.split_model(build_model(cfg, mesh), cfg.mode)
     tx = make_optimizer(cfg, STEPS)
     state = S.init_train_state(split, tx, S.train_state_shardings(split, tx, mesh))
     ckpt = Checkpointer(str(workdir / "ckpt"), async_save=False)

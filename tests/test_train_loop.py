@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from memllm_jax.config import TINY, LoraConfig, MeshConfig
+from memllm_jax.sharding import create_model
 from memllm_jax.train import loop
 from memllm_jax.train.checkpoint import Checkpointer
 from memllm_jax.train.config import TrainConfig
@@ -105,7 +106,7 @@ def test_kill_and_resume_is_bitwise_equal(files, pretrained, tmp_path):
     from memllm_jax.train import step as S
     from memllm_jax.train.optimizer import make_optimizer
 
-    split = S.split_model(loop.create_model(TINY, cfg.lora, mesh, 0), "lora")
+    split = S.split_model(create_model(TINY, cfg.lora, mesh, 0), "lora")
     tx = make_optimizer(cfg, 6)
     sh = S.train_state_shardings(split, tx, mesh)
     abstract = jax.eval_shape(lambda: S.TrainState(np.int32(0), split.params, tx.init(split.params), split.rngs))

@@ -23,9 +23,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from memllm_jax.config import MODEL_LAYOUT_FIELDS, LoraConfig, MeshConfig, ModelConfig
 from memllm_jax.errors import InputError
 from memllm_jax.files import atomic_write_json
+from memllm_jax.sources import base_reference, build_model, open_model
 from memllm_jax.train import data as D
 from memllm_jax.train import step as S
 from memllm_jax.train.checkpoint import Checkpointer
@@ -103,61 +103,6 @@ def _load_tokenizer(path: str):
     return load_tokenizer(path)
 
 
-def _is_hf_dir(path: str) -> bool:
-    """An HF model directory, or a `.gguf` file (converted to one by `_hf_dir`)."""
-    return str(path).lower().endswith(".gguf") or os.path.exists(os.path.join(path, "config.json"))
-
-
-def _hf_dir(path: str) -> str:
-    from memllm_jax.model.gguf import resolve_model_dir
-
-    return str(resolve_model_dir(path))
-
-
-HOST_INIT_MAX_BYTES = 1 << 30
-"""Models smaller than this are initialised eagerly on the host (fast numpy initialisers) and then placed
-into their shardings; larger ones are initialised under `jax.jit` directly into their shardings."""
-
-
-def create_model(model_cfg: ModelConfig, lora: LoraConfig | None, mesh, seed: int):
-    """A randomly initialised model placed on `mesh` by its logical-axis shardings."""
-    from flax import nnx
-
-    from memllm_jax.model.mistral import Mistral
-    from memllm_jax.sharding import create_sharded_model, param_bytes, state_shardings
-
-    if param_bytes(model_cfg, lora, mesh)[0] > HOST_INIT_MAX_BYTES:
-        return create_sharded_model(model_cfg, lora, mesh, seed)
-    model = Mistral(model_cfg, lora, rngs=nnx.Rngs(seed))
-    graphdef, state = nnx.split(model)
-    state = jax.device_put(state, state_shardings(state, mesh))
-    return nnx.merge(graphdef, state)
-
-
-def build_model(cfg: TrainConfig, mesh, vocab_size: int | None = None):
-    """The model on `mesh`: random, or base weights from `cfg.init_checkpoint` (+ fresh adapters in LoRA mode)."""
-    lora = cfg.lora if cfg.mode == "lora" else None
-    init = cfg.init_checkpoint
-    if init and _is_hf_dir(init):
-        from memllm_jax.model.hf import load_hf
-
-        init = _hf_dir(init)
-        with open(os.path.join(init, "config.json")) as f:
-            hf_vocab = int(json.load(f)["vocab_size"])
-        extra = max(0, (vocab_size or hf_vocab) - hf_vocab)
-        layout = {f: getattr(cfg.model, f) for f in MODEL_LAYOUT_FIELDS if f != "max_seq_len"}
-        _, model = load_hf(init, mesh, lora=lora, extra_tokens=extra, seed=cfg.seed, **layout)
-        return model
-    if vocab_size is not None and vocab_size > cfg.model.vocab_size:
-        raise ValueError(f"the tokenizer has {vocab_size} ids but TrainConfig.model.vocab_size={cfg.model.vocab_size}")
-    model = create_model(cfg.model, lora, mesh, cfg.seed)
-    if init:
-        from memllm_jax.sources import load_base_into
-
-        load_base_into(model, init)
-    return model
-
-
 def _abstract(tree):
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None)), tree)
 
@@ -176,20 +121,6 @@ def _unigram_loss(train: D.Corpus, evals: D.Corpus, vocab: int) -> float | None:
             nll -= math.log((counts.get(t, 0) + 1) / total)
             n += 1
     return nll / max(n, 1)
-
-
-def _config_to_json(cfg: TrainConfig) -> dict:
-    return dataclasses.asdict(cfg)
-
-
-def config_from_json(d: dict) -> TrainConfig:
-    d = dict(d)
-    d["model"] = ModelConfig(**{"scan_layers": False, **d["model"]})  # runs from before the field: unrolled
-    d["lora"] = LoraConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d["lora"].items()}) if d.get("lora") else None
-    d["mesh"] = MeshConfig(**d["mesh"])
-    for k in ("train_data", "eval_data", "buckets", "export_steps"):
-        d[k] = tuple(d.get(k) or ())
-    return TrainConfig(**d)
 
 
 def _check_resumable(workdir: str, cfg: TrainConfig) -> None:
@@ -272,7 +203,7 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
     elif ckpt.latest_step() is not None:
         ckpt.clear()
     if pidx == 0:
-        atomic_write_json(os.path.join(workdir, "train_config.json"), _config_to_json(cfg), indent=1)
+        atomic_write_json(os.path.join(workdir, "train_config.json"), dataclasses.asdict(cfg), indent=1)
     n_trained = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(state.params))
     logger = MetricsLogger(workdir, total_steps=total, start_step=start, progress=cfg.progress, name=cfg.name)
     logger.write(
@@ -385,7 +316,6 @@ def export_model(cfg: TrainConfig, model, step: int, workdir: str) -> str:
     """Write the trained `model` to `workdir/model` (a model checkpoint with the tokenizer beside it): in LoRA
     mode on top of `init_checkpoint` the adapter and a reference to that base, otherwise every parameter."""
     from memllm_jax.checkpoint import save_params
-    from memllm_jax.sources import base_reference
 
     base = None
     if cfg.mode == "lora" and cfg.init_checkpoint:
@@ -403,6 +333,4 @@ def load_trained_model(workdir: str, *, mesh=None, merge: bool = True, step: int
     modules) is returned; otherwise the model keeps its `lora` submodules with the trained adapter. `step`: an
     earlier export of the run (`TrainConfig.export_steps`; None = the final model).
     """
-    from memllm_jax.sources import open_model
-
     return open_model(workdir, merge_lora=merge, mesh=mesh, step=step, say=None)[0]
