@@ -1,10 +1,12 @@
-"""The embedded-default main job and its stages. Each stage writes its outputs under one directory plus a
-`stages/<name>.json` stamp holding a hash of the settings it depends on; a stage whose stamp matches is
-skipped, so a run resumes where it stopped and a changed setting redoes exactly the stages it affects.
+"""The main job's driver. Each stage (`experiments/stages.py`) writes its outputs under one directory plus a
+`stages/<name>.json` stamp holding its key (`pipeline_config.stage_key`: a hash of the settings it depends on);
+a stage whose stamp matches is skipped, so a run resumes where it stopped and a changed setting redoes exactly
+the stages it affects.
 
-Stages: corpus (synthesize, split train / eval, build write / read / lm / eval examples) -> tokenizer ->
-pretrain (tiny base) -> mw and mr (LoRA adapters) -> memory (the memory-write model writes the evaluation
-documents) -> table2 -> editing -> scaling -> report (markdown + PNG). `run_stage(cfg, out, name)` runs one.
+Stages: corpus (synthesize or load, split train / outside / eval, build write / read / lm / eval examples) ->
+tokenizer -> pretrain (tiny base; skipped with a pretrained base) -> mw and mr (LoRA adapters) -> memory (the
+memory-write model writes the evaluation and outside documents) -> diagnostics -> table2 -> editing -> scaling ->
+report (markdown, PNG, index.html). `Pipeline(cfg, out).run_stage(name)` runs one.
 """
 
 from __future__ import annotations
