@@ -98,3 +98,14 @@ def test_release_if_memory_low_reads_the_hosts_available_fraction(tmp_path, monk
     assert host_memory.release_if_memory_low(0.25, _meminfo(tmp_path, 1000, 200)) is True and calls == [1]
     assert host_memory.available_memory_fraction(str(tmp_path / "absent")) is None
     assert host_memory.release_if_memory_low(0.25, str(tmp_path / "absent")) is False
+
+
+def test_process_memory_is_read_from_proc_status(tmp_path):
+    from memllm_jax.train.host_memory import process_memory_gb
+
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nVmHWM:\t 2500000 kB\nVmRSS:\t 1250000 kB\n")
+    assert process_memory_gb(str(status)) == {"host_rss_gb": 1.25, "host_peak_gb": 2.5}
+    assert process_memory_gb(str(tmp_path / "absent")) == {}
+    own = process_memory_gb()
+    assert 0 < own["host_rss_gb"] <= own["host_peak_gb"]

@@ -42,6 +42,7 @@ def test_pretraining_beats_unigram_and_writes_outputs(pretrained):
     lines = [json.loads(x) for x in open(r.metrics_path)]
     assert [x["step"] for x in lines if x["kind"] == "eval"] == [0, 20, 40]
     assert all(np.isfinite(x["tokens_per_s"]) for x in lines if x["kind"] == "train")
+    assert all(0 < x["host_rss_gb"] <= x["host_peak_gb"] for x in lines if x["kind"] == "train")  # the process's memory
     assert os.path.getsize(r.plot_path) > 1000
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(r.workdir, "tb")))
     from memllm_jax.checkpoint import is_checkpoint, read_stored

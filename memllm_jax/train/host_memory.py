@@ -129,3 +129,16 @@ def release_if_memory_low(min_available: float = 0.25, meminfo: str = "/proc/mem
     heap's free pages count as used); True when it released any. Cheap enough to call after every step."""
     available = available_memory_fraction(meminfo)
     return available is not None and available < min_available and release_freed_memory()
+
+
+def process_memory_gb(status: str = "/proc/self/status") -> dict[str, float]:
+    """This process's resident memory now and at its peak (`VmRSS`, `VmHWM`) in GB, as `{"host_rss_gb",
+    "host_peak_gb"}`; empty where /proc is missing. Logged with every training metrics line, so a run that grows
+    towards the host's memory shows it before the kernel kills it."""
+    keys = {"VmRSS": "host_rss_gb", "VmHWM": "host_peak_gb"}
+    try:
+        with open(status) as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return {name: round(int(fields[k].split()[0]) / 1e6, 3) for k, name in keys.items()}  # kB -> GB
+    except (OSError, KeyError, ValueError):
+        return {}

@@ -16,6 +16,7 @@ from typing import Any
 import jax
 
 from memllm_jax.files import atomic_write_text
+from memllm_jax.train.host_memory import process_memory_gb
 
 
 class MetricsLogger:
@@ -27,6 +28,7 @@ class MetricsLogger:
         self._file = self._tb = self._bar = None
         self._tokens_since, self._time_since = 0, time.perf_counter()
         self.tokens_per_s = 0.0
+        self._memory: dict[str, float] = {}
         if not self.enabled:
             return
         os.makedirs(workdir, exist_ok=True)
@@ -52,10 +54,12 @@ class MetricsLogger:
             now = time.perf_counter()
             self.tokens_per_s = self._tokens_since / max(now - self._time_since, 1e-9)
             self._tokens_since, self._time_since = 0, now
-            self.log(step, {**metrics, "tokens_per_s": self.tokens_per_s}, kind="train")
+            self._memory = process_memory_gb()
+            self.log(step, {**metrics, "tokens_per_s": self.tokens_per_s, **self._memory}, kind="train")
         if self._bar is not None:
             self._bar.update(step - self._bar.n)
-            self._bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{self.tokens_per_s:,.0f}", refresh=False)
+            rss = {"rss": f"{self._memory['host_rss_gb']:.1f}G"} if "host_rss_gb" in self._memory else {}
+            self._bar.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{self.tokens_per_s:,.0f}", **rss, refresh=False)
 
     def log(self, step: int, metrics: dict[str, float], *, kind: str) -> None:
         if not self.enabled:
