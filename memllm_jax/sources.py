@@ -213,12 +213,12 @@ def load_base_into(model, source: str) -> None:
 def build_model(cfg, mesh, vocab_size: int | None = None):
     """The model a training run (`TrainConfig` `cfg`) starts from, on `mesh`: random, or the base weights of
     `cfg.init_checkpoint` (any source above), with fresh adapters in LoRA mode."""
+    from memllm_jax.model.gguf import is_gguf, resolve_model_dir
     from memllm_jax.sharding import create_model
 
     lora = cfg.lora if cfg.mode == "lora" else None
     init = cfg.init_checkpoint
-    if init and (str(init).lower().endswith(".gguf") or (pathlib.Path(init) / "config.json").exists()):
-        from memllm_jax.model.gguf import resolve_model_dir
+    if init and (is_gguf(init) or (pathlib.Path(init) / "config.json").exists()):
         from memllm_jax.model.hf import load_hf
 
         hf_dir = resolve_model_dir(init)  # a .gguf file is converted once to an HF directory
