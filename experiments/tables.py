@@ -7,6 +7,7 @@ import math
 import pathlib
 from typing import Mapping, Sequence
 
+from memllm_jax.eval.editing import ERROR_KINDS
 from memllm_jax.eval.rows import PAPER_TABLE2, PAPER_TABLE3, ROWS
 from memllm_jax.files import atomic_open
 from memllm_jax.eval.write_quality import threshold_label
@@ -49,6 +50,10 @@ def table3_markdown(results: Mapping[str, Mapping], title: str = "Table 3 analog
     notes = [f"{n} of {r['n_edits']} {regime} edits are about a subject that a later edit gives another answer: "
              f"written with one relation per subject, the later edit replaces theirs (REL at most "
              f"{1 - n / r['n_edits']:.2f})." for regime, r in results.items() if (n := r.get("overwritten_later", 0))]
+    notes += [f"Wrong answers of the {regime} regime by where the edit was lost (REL / GEN): "
+              + ", ".join(f"{what} {r['errors_rel'].get(k, 0)} / {r['errors_gen'].get(k, 0)}"
+                          for k, what in ERROR_KINDS.items()) + "."
+              for regime, r in results.items() if r.get("errors_rel")]
     for name, (rel, gen, loc, avg) in PAPER_TABLE3.items():
         lines.append(f"| {name} (paper, Mistral-7B) | 1000 | {rel:.2f} | {gen:.2f} | {loc:.2f} | {avg:.2f} | – |")
     return "\n".join(lines + ([""] + notes if notes else []))

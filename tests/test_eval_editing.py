@@ -29,6 +29,22 @@ def test_scoring_rule():
     assert (res.edits_in_memory, res.rel_in_memory, res.gen_in_memory) == (1, 0.0, 1.0)
 
 
+def test_wrong_answers_are_counted_where_the_edit_was_lost():
+    """Each wrong answer once, at the first stage that lost the edit's answer: no triple with it written, replaced
+    in the memory and not returned, held but not returned by the read, returned and another answer given."""
+    T = protocol.Triple
+    recs = [EditRecord(f"q{k}?", "r?", "Naples", "l?") for k in range(6)]
+    answers = ["naples", "Rome", "Rome", "Rome", "Rome", "Rome"]
+    edits = [[T("A", "r", "Naples")], [T("A", "r", "Napoli")], [T("A", "r", "Naples")], [T("A", "r", "the Naples")],
+             [T("A", "r", "Naples")], [T("A", "r", "Naples")]]
+    reads = [("Naples",), ("Napoli",), ("Rome",), (), ("Rome", "naples"), ("Naples",)]
+    held = [True, True, False, True, True, False]  # the last one: replaced by the same answer, and returned
+    assert editing.error_kinds(recs, answers, reads, edits, held) == {"write": 1, "replaced": 1, "read": 1, "use": 2}
+    res = _score(recs, answers, answers, [""] * 6, [""] * 6, edits, "sequential", held, reads, reads)
+    assert res.errors_rel == res.errors_gen == {"write": 1, "replaced": 1, "read": 1, "use": 2}
+    assert _score(recs, answers, answers, [""] * 6, [""] * 6, edits, "sequential", held).errors_rel == {}
+
+
 def test_overwritten_later_counts_earlier_answers_of_a_subject():
     """An edit is overwritten when a later record about the same subject sets another answer; the same answer
     again (after normalisation), the last edit of a subject and records without a subject are not."""
@@ -279,6 +295,8 @@ def test_rows_stop_once_their_answer_is_complete_with_the_answers_of_the_whole_b
     assert [f for f, _ in finished] == ["done"] * 3 and all(n < 60 for _, n in finished)
     if style == "cloze":  # the query (16 tokens with `)-->`) and " Kerek Group," (13)
         assert [n for _, n in finished] == [29] * 3
+    assert [a.read_results for a in editing.ask_questions(model, tok, mem, questions[:1], shots, max_new_tokens=60,
+                                                          style=style)] == [("Kerek Group",)]
     monkeypatch.setattr(editing, "answer_complete", lambda text, style: False)  # never done: the whole budget
     monkeypatch.setattr(editing, "clause_end_ids", lambda tok: [])
     finished.clear()

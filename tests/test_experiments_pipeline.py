@@ -92,7 +92,13 @@ def test_tables_and_plot(tmp_path):
     md3 = table3_markdown({"sequential": {"n_edits": 24, "rel": 0.5, "gen": 0.25, "loc": 1.0, "avg": 0.5833,
                                           "overwritten_later": 6}})
     assert "6 of 24 sequential edits are about a subject that a later edit gives another answer" in md3
-    assert "(REL at most 0.75)" in md3
+    assert "(REL at most 0.75)" in md3 and "where the edit was lost" not in md3
+    md3 = table3_markdown({"single": {"n_edits": 24, "rel": 0.5, "gen": 0.25, "loc": 1.0, "avg": 0.5833,
+                                      "errors_rel": {"write": 7, "read": 3, "use": 2},
+                                      "errors_gen": {"write": 8, "read": 5, "use": 5}}})
+    assert ("Wrong answers of the single regime by where the edit was lost (REL / GEN): no triple with the answer "
+            "written 7 / 8, replaced by a later edit 0 / 0, not returned by the read 3 / 5, returned, another answer "
+            "given 2 / 5.") in md3
     pts = [{"distractors": 0, "triples": 10, "ppl": {"overall": 3.0, "target": 2.0, "entity": 2.5}, "target_in_results": 4}]
     growth = [{"added": 10, "triples": 10, "entities": 12, "relations": 3, "records_per_triple": 1.5}]
     assert "1.500" in scaling_markdown(pts, growth)

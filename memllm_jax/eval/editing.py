@@ -25,6 +25,11 @@ whitespace collapsed (SQuAD's normalisation). AVG is the mean of REL, GEN and LO
 
 Two regimes: sequential (all T edits written in order into one memory, then every question asked) and
 single (T = 1: a fresh memory holding only that record's edit for each record).
+
+Errors by kind (`error_kinds`, after the paper's qualitative analysis in §4.3): each wrong REL / GEN answer is
+counted once, at the first stage that lost the edit's answer: the memory-write model wrote no triple with it as
+the object ("write"), a later edit's triple replaced it ("replaced"), the forced read did not return it ("read"),
+or the read returned it and the answer is another ("use").
 """
 
 from __future__ import annotations
@@ -191,10 +196,25 @@ def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord], *, 
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    text: str
+    """The extracted answer (`extract_answer` / `extract_cloze_answer`)."""
+    read_results: tuple[str, ...] = ()
+    """The entities the forced read returned (empty when it found nothing or was malformed)."""
+
+
 def answer_questions(read_model: Any, tok: Any, memory: Any, questions: Sequence[str], shots: Sequence[Shot], *,
                      max_new_tokens: int = 48, batch_size: int = 16, style: str = "qa") -> list[str]:
     """Answers with a forced read: `style="qa"` asks `questions` in the 5-shot prompt; `"cloze"` continues
     each question as a sentence start (no shots). `memory`: one memory, or one per question."""
+    return [a.text for a in ask_questions(read_model, tok, memory, questions, shots, max_new_tokens=max_new_tokens,
+                                          batch_size=batch_size, style=style)]
+
+
+def ask_questions(read_model: Any, tok: Any, memory: Any, questions: Sequence[str], shots: Sequence[Shot], *,
+                  max_new_tokens: int = 48, batch_size: int = 16, style: str = "qa") -> list[Answer]:
+    """`answer_questions` with what each forced read returned."""
     from memllm_jax.decode.reader import generate_with_memory
 
     if style not in ("qa", "cloze"):
@@ -215,7 +235,8 @@ def answer_questions(read_model: Any, tok: Any, memory: Any, questions: Sequence
                 for p, q in zip(prompts, questions)]
     res = generate_with_memory(read_model, tok, memory, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
                                chunk=16, stop_ids=stops, done_when=done)
-    return [extract(_text_after(tok, list(r.prompt_ids) + list(r.token_ids), len(r.prompt_ids), q))
+    return [Answer(extract(_text_after(tok, list(r.prompt_ids) + list(r.token_ids), len(r.prompt_ids), q)),
+                   tuple(r.calls[0].result) if r.calls else ())  # the forced read is the row's first call
             for r, q in zip(res, questions)]
 
 
@@ -250,6 +271,10 @@ class EditingResult:
     write, or a later edit overwrote theirs)."""
     gen_in_memory: float = 0.0
     """GEN over the same records."""
+    errors_rel: dict[str, int] = dataclasses.field(default_factory=dict)
+    """The wrong REL answers by the stage that lost the edit (`error_kinds`; empty when not measured)."""
+    errors_gen: dict[str, int] = dataclasses.field(default_factory=dict)
+    """The same for GEN."""
 
     @property
     def avg(self) -> float:
@@ -278,7 +303,35 @@ def overwritten_later(records: Sequence[EditRecord]) -> list[bool]:
     return [bool(r.subject) and last[r.subject] != normalize_answer(r.alt) for r in records]
 
 
-def _score(records, ans_src, ans_reph, ans_loc, ans_loc_base, edits, regime, in_memory) -> EditingResult:
+ERROR_KINDS = {"write": "no triple with the answer written", "replaced": "replaced by a later edit",
+               "read": "not returned by the read", "use": "returned, another answer given"}
+"""Where a wrong answer lost the edit (module docstring), in words: in this order, the first that applies."""
+
+
+def error_kinds(records: Sequence[EditRecord], answers: Sequence[str], reads: Sequence[Sequence[str]],
+                edits: Sequence[Sequence[protocol.Triple]], in_memory: Sequence[bool]) -> dict[str, int]:
+    """The wrong `answers` counted by `ERROR_KINDS`: per record, its edit's triples (`edits`), whether the memory
+    still holds one of them with the new object (`in_memory`) and what the forced read returned (`reads`)."""
+    counts = dict.fromkeys(ERROR_KINDS, 0)
+    for rec, answer, read, triples, held in zip(records, answers, reads, edits, in_memory):
+        alt = normalize_answer(rec.alt)
+        if normalize_answer(answer) == alt:
+            continue
+        if not any(normalize_answer(t.object) == alt for t in triples):
+            counts["write"] += 1
+        elif not held and alt not in {normalize_answer(x) for x in read}:
+            counts["replaced"] += 1
+        elif alt not in {normalize_answer(x) for x in read}:
+            counts["read"] += 1
+        else:
+            counts["use"] += 1
+    return counts
+
+
+def _score(records, ans_src, ans_reph, ans_loc, ans_loc_base, edits, regime, in_memory,
+           read_src=None, read_reph=None) -> EditingResult:
+    """REL / GEN / LOC of the answers (strings); `read_src` / `read_reph`: what the forced reads returned, for the
+    errors by kind."""
     eq = lambda a, b: normalize_answer(a) == normalize_answer(b)  # noqa: E731
     rel = [eq(a, r.alt) for a, r in zip(ans_src, records)]
     gen = [eq(a, r.alt) for a, r in zip(ans_reph, records)]
@@ -289,9 +342,12 @@ def _score(records, ans_src, ans_reph, ans_loc, ans_loc_base, edits, regime, in_
     examples = [{"src": r.src, "alt": r.alt, "triples": [list(dataclasses.astuple(t)) for t in e], "answer_src": a,
                  "answer_rephrase": g, "answer_loc": l, "answer_loc_unedited": b}
                 for r, e, a, g, l, b in list(zip(records, edits, ans_src, ans_reph, ans_loc, ans_loc_base))[:20]]
+    errors = [error_kinds(records, answers, reads, edits, in_memory) if reads is not None else {}
+              for answers, reads in ((ans_src, read_src), (ans_reph, read_reph))]
     return EditingResult(regime, len(records), sum(rel) / n, sum(gen) / n, sum(loc) / n,
                          sum(len(e) for e in edits), sum(bool(e) for e in edits), examples, n_held,
-                         sum(overwritten_later(records)) if regime == "sequential" else 0, on_held(rel), on_held(gen))
+                         sum(overwritten_later(records)) if regime == "sequential" else 0, on_held(rel), on_held(gen),
+                         *errors)
 
 
 def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, records: Sequence[EditRecord], *,
@@ -311,11 +367,13 @@ def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, 
     edits = extract_edits(write_model, tok, records, batch_size=batch_size, late_stopping=late_stopping,
                           grounded=grounded, relations=relations, min_confidence=min_confidence,
                           stop_repeats=stop_repeats, ban_repeats=ban_repeats)
-    ask = lambda mem, qs: answer_questions(read_model, tok, mem, qs, shots, max_new_tokens=max_new_tokens,  # noqa: E731
-                                           batch_size=batch_size, style=style)
+    ask = lambda mem, qs: ask_questions(read_model, tok, mem, qs, shots, max_new_tokens=max_new_tokens,  # noqa: E731
+                                        batch_size=batch_size, style=style)
+    texts = lambda answers: [a.text for a in answers]  # noqa: E731
+    reads = lambda answers: [a.read_results for a in answers]  # noqa: E731
     empty = TripleMemory(encoder, memory_config)
     say("  editing: locality answers without edits")
-    loc_base = ask(empty, [r.loc for r in records])
+    loc_base = texts(ask(empty, [r.loc for r in records]))
     out: dict[str, EditingResult] = {}
     if "sequential" in regimes:
         mem = TripleMemory(encoder, memory_config)
@@ -323,9 +381,10 @@ def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, 
             if triples:
                 mem.add(triples, source=f"edit{k}", replace=True)
         say(f"  editing: T={len(records)} sequential edits written ({len(mem.triples)} triples); asking")
-        out["sequential"] = _score(records, ask(mem, [r.src for r in records]), ask(mem, [r.rephrase for r in records]),
-                                   ask(mem, [r.loc for r in records]), loc_base, edits, "sequential",
-                                   edits_in_memory(records, mem.records()))
+        a_src, a_reph = ask(mem, [r.src for r in records]), ask(mem, [r.rephrase for r in records])
+        out["sequential"] = _score(records, texts(a_src), texts(a_reph), texts(ask(mem, [r.loc for r in records])),
+                                   loc_base, edits, "sequential", edits_in_memory(records, mem.records()),
+                                   reads(a_src), reads(a_reph))
     if "single" in regimes:  # one memory per record; its three questions share it, and batches mix records
         memories = []
         for k, triples in enumerate(edits):
@@ -337,5 +396,6 @@ def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, 
         answers = ask(memories, [q for rec in records for q in (rec.src, rec.rephrase, rec.loc)])
         a_src, a_reph, a_loc = answers[0::3], answers[1::3], answers[2::3]
         say("  editing: T=1 done")
-        out["single"] = _score(records, a_src, a_reph, a_loc, loc_base, edits, "single", held)
+        out["single"] = _score(records, texts(a_src), texts(a_reph), texts(a_loc), loc_base, edits, "single", held,
+                               reads(a_src), reads(a_reph))
     return out
