@@ -15,8 +15,11 @@ Re-DocRED memory-write precision / recall and Table 3's sequential REL / GEN: 40
 0.44 / 0.41, single edits 0.60 / 0.57 (README, "Eighth run"; ~49 minutes of training idle against ~20), calls of at most 192 tokens written 32 sentences at a time (Re-DocRED sentences
 state many facts: 31% of the gold calls are longer than 128 SmolLM2 tokens), no late stopping, grounded writes
 only and the edited memory of Table 3 with exact names first (as in the default). Examples are packed whole
-("pack_examples", as in every run above), not with shared prefixes as the default now packs them: that would
-train on 1.21x more write and 1.57x more read examples in the same steps, not yet run with this config.
+("pack_examples", as in every run above), not with shared prefixes as the default now packs them. For the
+memory-read adapter that was measured (2026-11-27, the tenth run's other stages): 100 batches per epoch against
+135, the same held-out loss (1.888), Table 3 sequential REL / GEN 0.439 / 0.429 against 0.470 / 0.399: no gain. The
+memory-write adapter with them (166 batches per epoch against 200) has not finished a run here (README, results
+log).
 
 Repeated-item bans (`write_ban_repeats=8`, `decode.item_bans`): the 80-step adapter ends few calls and repeats an
 item until the budget (293 of the 390 evaluation calls ran to it); with the bans a call that would write an item
