@@ -319,10 +319,8 @@ def error_kinds(records: Sequence[EditRecord], answers: Sequence[str], reads: Se
             continue
         if not any(normalize_answer(t.object) == alt for t in triples):
             counts["write"] += 1
-        elif not held and alt not in {normalize_answer(x) for x in read}:
-            counts["replaced"] += 1
         elif alt not in {normalize_answer(x) for x in read}:
-            counts["read"] += 1
+            counts["read" if held else "replaced"] += 1
         else:
             counts["use"] += 1
     return counts
