@@ -102,6 +102,9 @@ class PipelineConfig:
     write_ban_repeats: int = 0
     """> 0: a memory-write call never writes an item twice; when the model would, the call rewinds to that item's
     start and takes its next choice there instead, at most this many times per call (`decode.item_bans`)."""
+    write_copied_names: bool = False
+    """Memory writes copy their names from the prompt's text and their relations from the relation labels as they
+    decode: among its top tokens the model's best choice that keeps the field so (`decode.copy_names`)."""
     write_max_new_tokens: int = 128
     """Token budget of one memory-write call; a call cut by it keeps its items closed by `;`. Re-DocRED sentences
     need more (31% of their gold calls are longer than 128 SmolLM2 tokens, 17% longer than 192)."""
@@ -181,7 +184,8 @@ _DEPENDS = {
     "pretrain": ("pretrain_config",),
     "mw": ("mw_config",),
     "mr": ("mr_config",),
-    "memory": ("encoder", "write_late_stopping", "write_stop_repeats", "write_ban_repeats", "write_max_new_tokens",
+    "memory": ("encoder", "write_late_stopping", "write_stop_repeats", "write_ban_repeats", "write_copied_names",
+               "write_max_new_tokens",
                "write_batch", "write_refill",
                "write_grounded", "write_min_confidence", "write_confidence_grid"),
     "diagnostics": ("diagnostic_examples",),

@@ -182,9 +182,9 @@ def _min_confidence(self) -> float | None:
 
 
 def _write_budget(self, min_confidence: float | None) -> dict:
-    relations = set(_labels(self).values()) if self.cfg.write_grounded else None
+    relations = set(_labels(self).values()) if self.cfg.write_grounded or self.cfg.write_copied_names else None
     return dict(late_stopping=self.cfg.write_late_stopping, stop_repeats=self.cfg.write_stop_repeats,
-                ban_repeats=self.cfg.write_ban_repeats,
+                ban_repeats=self.cfg.write_ban_repeats, copied_names=self.cfg.write_copied_names,
                 max_new_tokens=self.cfg.write_max_new_tokens,
                 batch_size=self.cfg.write_batch, refill=self.cfg.write_refill, grounded=self.cfg.write_grounded,
                 relations=relations, min_confidence=min_confidence)
@@ -195,7 +195,10 @@ def _edit_checks(self) -> dict:
     when `editing_write_checks`."""
     budget = _write_budget(self, _min_confidence(self))
     checks = ("grounded", "relations", "min_confidence") if self.cfg.editing_write_checks else ()
-    return {k: budget[k] for k in ("late_stopping", "stop_repeats", "ban_repeats") + checks}
+    decoding = ("late_stopping", "stop_repeats", "ban_repeats", "copied_names")
+    if self.cfg.write_copied_names:
+        decoding += ("relations",)  # the labels a relation is copied from; no check without `grounded`
+    return {k: budget[k] for k in decoding + tuple(c for c in checks if c not in decoding)}
 
 
 def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None, log: pathlib.Path | None = None):

@@ -21,7 +21,7 @@ from typing import Iterator, Sequence
 import jax
 import jax.numpy as jnp
 
-from memllm_jax.decode import item_bans, state as st
+from memllm_jax.decode import copy_names, item_bans, state as st
 from memllm_jax.decode.loop import _layered, cache_factory, merge, split_model, vocab_size
 from memllm_jax.decode.writer import (PATIENCE, WriteSpec, _write_step, cache_slots, decode_writes, host_rows,
                                       initial_state, prefill_prompts, row_results, write_spec)
@@ -84,10 +84,11 @@ def _put_rows(axis: int, rows_K: jax.Array, old, new):
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec", "axes"), donate_argnames=("pool",))
 def _graft(graphdef, params, pool: st.WriteState, cache, logits_KxV, rows_K, spec: WriteSpec,
-           axes: tuple[int, ...]) -> st.WriteState:
-    """Pool rows `rows_K[i]` take row i of the freshly prefilled `cache` / `logits_KxV` and its `initial_state`.
-    `pool` is donated: its buffers are updated in place."""
-    fresh = initial_state(_layered(cache, merge(graphdef, params)), logits_KxV, logits_KxV.shape[0], spec)
+           axes: tuple[int, ...], sources_KxL=None) -> st.WriteState:
+    """Pool rows `rows_K[i]` take row i of the freshly prefilled `cache` / `logits_KxV` and its `initial_state`
+    (with `spec.copy`, from the new prompts' `copy_names.sources`). `pool` is donated: its buffers are updated in
+    place."""
+    fresh = initial_state(_layered(cache, merge(graphdef, params)), logits_KxV, logits_KxV.shape[0], spec, sources_KxL)
     old, tree = jax.tree.flatten(pool.cache)
     cache = jax.tree.unflatten(tree, [_put_rows(a, rows_K, o, n)
                                       for a, o, n in zip(axes, old, jax.tree.leaves(fresh.cache))])
@@ -112,6 +113,7 @@ def iter_refill_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *,
                        refill_at: int | None = None, max_new_tokens: int = 128, late_stopping: bool = True,
                        patience: int = PATIENCE, make_cache=None, share_prefixes: bool = True, split=None,
                        stop_repeats: bool = False, bans: item_bans.BanSpec | None = None,
+                       copy: copy_names.CopySpec | None = None,
                        trace: list | None = None) -> Iterator[list[tuple[int, dict]]]:
     """Decode the write call after every prompt in a pool of `pool` rows, refilled as rows stop. Yields after each
     loop exit the (prompt index, result) pairs of the calls that ended, in any order; results are those of
@@ -124,15 +126,16 @@ def iter_refill_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *,
     graphdef, params = split_model(model) if split is None else split
     make_cache = cache_factory(model) if make_cache is None else make_cache
     max_len = cache_slots(max(map(len, prompts)), max_new_tokens)
+    copy = None if copy is None else copy_names.with_room_for(copy, prompts)
     spec = write_spec(tokenizer, max_new_tokens, max_len, late_stopping=late_stopping, patience=patience,
-                      stop_repeats=stop_repeats, bans=bans)
+                      stop_repeats=stop_repeats, bans=bans, copy=copy)
     axes = row_axes(graphdef, params, make_cache, pool, max_len)
     if axes is None:  # nothing to graft along: today's consecutive batches
         for start in range(0, len(prompts), pool):
             outs = decode_writes(model, tokenizer, prompts[start:start + pool], pad_to=pool,
                                  max_new_tokens=max_new_tokens, late_stopping=late_stopping, patience=patience,
                                  make_cache=make_cache, share_prefixes=share_prefixes, split=(graphdef, params),
-                                 stop_repeats=stop_repeats, bans=bans)
+                                 stop_repeats=stop_repeats, bans=bans, copy=copy)
             yield list(enumerate(outs, start))
         return
     refill_at = default_refill_at(pool) if refill_at is None else max(1, refill_at)
@@ -170,8 +173,9 @@ def _fill(graphdef, params, make_cache, vocab: int, spec: WriteSpec, axes: tuple
     for K in fill_sizes(len(prompts)):
         cache, logits = prefill_prompts(graphdef, params, make_cache, spec.max_len, vocab, prompts[start:start + K],
                                         K, share_prefixes)
+        sources = None if spec.copy is None else copy_names.sources(prompts[start:start + K], spec.copy)
         s = _graft(graphdef, params, s, cache, logits, jnp.asarray(free[start:start + K], jnp.int32), spec=spec,
-                   axes=axes)
+                   axes=axes, sources_KxL=sources)
         start += K
     return s
 

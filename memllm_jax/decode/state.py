@@ -140,3 +140,5 @@ class WriteState:
     """int32 consecutive cut points that did not beat the best."""
     bans: Any = None
     """`item_bans.ItemBans` when the call may not repeat an item, else None."""
+    copy: Any = None
+    """`copy_names.CopyState` when names are copied from the prompt, else None."""

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from memllm_jax import protocol
-from memllm_jax.decode import item_bans, state as st
+from memllm_jax.decode import copy_names, item_bans, state as st
 from memllm_jax.decode.loop import _layered, _stacked, cache_factory, merge, prefill, split_model, vocab_size
 from memllm_jax.decode.prefix import prefill_shared
 from memllm_jax.decode.sampling import argmax
@@ -55,6 +55,8 @@ class WriteSpec:
     """Stop a row whose last tokens repeat the ones before them (module docstring)."""
     bans: item_bans.BanSpec | None = None
     """Never write an item twice in one call (`item_bans`)."""
+    copy: copy_names.CopySpec | None = None
+    """Names copied from the prompt, relations from the known labels (`copy_names`)."""
 
 
 def repeat_length(out_BxT: jax.Array, n_B: jax.Array, shortest: int, longest: int) -> jax.Array:
@@ -82,6 +84,9 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
     first_B = argmax(logits_BxV)
     hit_BxV = jnp.arange(logits_BxV.shape[1])[None, :] == first_B[:, None]
     second_B = argmax(jnp.where(hit_BxV, -jnp.inf, logits_BxV))
+    if spec.copy is not None:
+        cand = copy_names.candidates(logits_BxV, s.copy, spec.copy)
+        first_B, second_B = copy_names.choose(cand, first_B, second_B)
     is_cut_B = running_B & (first_B == spec.close_id)
     cut_score_B = (s.sum_logp_B + logp_BxV[:, spec.close_id]) / (s.n_out_B + 1).astype(jnp.float32)
     improve_B = is_cut_B & (cut_score_B > s.best_score_B)
@@ -92,6 +97,7 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
     tok_B = jnp.where(feed_B, tok_B, 0)
     keep_B, n_B, cache, bans = feed_B, s.n_out_B + feed_B.astype(jnp.int32), s.cache, s.bans
     model_tok_B, model_feed_B, repeat_B, dropped_B = tok_B, feed_B, jnp.zeros(B, bool), 0.0
+    rewind_B = jnp.zeros(B, bool)
     if spec.bans is not None:
         ban = item_bans.on_token(s.bans, spec.bans, s.out_BxT, s.n_out_B, prefix_hash_B, tok_B, feed_B)
         keep_B = feed_B & ~ban.rewind_B & ~ban.stop_B
@@ -99,7 +105,7 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
         model_tok_B = jnp.where(ban.rewind_B, ban.feed_tok_B, tok_B)
         model_feed_B = feed_B & ~ban.stop_B
         cache = cache.replace(lengths_B=jnp.where(ban.rewind_B, ban.feed_len_B, cache.lengths_B))
-        bans, repeat_B = ban.bans, ban.stop_B
+        bans, repeat_B, rewind_B = ban.bans, ban.stop_B, ban.rewind_B
         taken_back_BxT = (jnp.arange(T)[None, :] >= n_B[:, None]) & (jnp.arange(T)[None, :] < s.n_out_B[:, None])
         dropped_B = jnp.sum(jnp.where(taken_back_BxT, s.logp_BxT, 0.0), axis=1)  # log-probs of rewound tokens
     logits_Bx1xV, cache = model(model_tok_B[:, None], cache.lengths_B[:, None], model_feed_B[:, None], cache=cache)
@@ -116,6 +122,10 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
     best_score_B = jnp.where(improve_B, cut_score_B, s.best_score_B)
     best_cut_B = jnp.where(improve_B, s.n_out_B, s.best_cut_B)
     lost_B = best_cut_B > n_B  # a cut point inside the tokens a rewind took back
+    copy = s.copy
+    if spec.copy is not None:
+        copy = copy_names.advance(s.copy, cand, spec.copy, tok_B, keep_B, rewind_B,
+                                  _field_at(out_BxT, s.bans.item_start_B, n_B, spec) if spec.bans is not None else 0)
     return s.replace(
         cache=cache,
         logits_BxV=jnp.where(model_feed_B[:, None], logits_Bx1xV[:, 0], s.logits_BxV),
@@ -129,7 +139,16 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
         n_cuts_B=s.n_cuts_B + is_cut_B.astype(jnp.int32),
         no_improve_B=no_improve_B,
         bans=bans,
+        copy=copy,
     )
+
+
+def _field_at(out_BxT: jax.Array, item_start_B: jax.Array, n_B: jax.Array, spec: WriteSpec) -> jax.Array:
+    """The field a row is in after a rewind to body length `n_B`: the field separators since its item start."""
+    j_T = jnp.arange(out_BxT.shape[1])[None, :]
+    inside_BxT = (j_T >= item_start_B[:, None]) & (j_T < n_B[:, None])
+    n_seps_B = jnp.sum(inside_BxT & (out_BxT == spec.copy.field_sep_id), axis=1)
+    return jnp.minimum(n_seps_B, copy_names.UNCONSTRAINED).astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
@@ -140,24 +159,30 @@ def write_loop(graphdef, params, s: st.WriteState, spec: WriteSpec) -> st.WriteS
     return s.replace(cache=_stacked(s.cache))
 
 
-def initial_state(cache, logits_BxV: jax.Array, n_active, spec: WriteSpec) -> st.WriteState:
+def initial_state(cache, logits_BxV: jax.Array, n_active, spec: WriteSpec, sources_BxL=None) -> st.WriteState:
     """The `WriteState` of freshly prefilled rows: rows from `n_active` on are batch padding (IDLE). Every per-row
-    field starts here, so a row refilled with this state (`refill`) keeps nothing of the call it replaces."""
+    field starts here, so a row refilled with this state (`refill`) keeps nothing of the call it replaces.
+    `sources_BxL`: with `spec.copy`, each row's `copy_names.sources` (None: the labels only, as for free rows)."""
     B = logits_BxV.shape[0]
+    copy = None
+    if spec.copy is not None:
+        if sources_BxL is None:
+            sources_BxL = copy_names.sources([], spec.copy, rows=B)
+        copy = copy_names.init_copy(jnp.asarray(sources_BxL), spec.copy)
     return st.WriteState(
         cache=cache, logits_BxV=logits_BxV, out_BxT=jnp.zeros((B, spec.max_new_tokens), jnp.int32),
         logp_BxT=jnp.zeros((B, spec.max_new_tokens)),
         n_out_B=jnp.zeros(B, jnp.int32), status_B=jnp.where(jnp.arange(B) < n_active, st.RUNNING, st.IDLE),
         sum_logp_B=jnp.zeros(B), best_score_B=jnp.full(B, -jnp.inf), best_cut_B=jnp.full(B, -1, jnp.int32),
         n_cuts_B=jnp.zeros(B, jnp.int32), no_improve_B=jnp.zeros(B, jnp.int32),
-        bans=None if spec.bans is None else item_bans.init_bans(cache.lengths_B, spec.bans.max_bans))
+        bans=None if spec.bans is None else item_bans.init_bans(cache.lengths_B, spec.bans.max_bans), copy=copy)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
-def _start_and_loop(graphdef, params, cache, logits_BxV, n_active, spec: WriteSpec) -> st.WriteState:
+def _start_and_loop(graphdef, params, cache, logits_BxV, n_active, spec: WriteSpec, sources_BxL=None) -> st.WriteState:
     """`initial_state` and `write_loop` in one dispatch (building the state on the host costs a transfer per
     field)."""
-    return write_loop(graphdef, params, initial_state(cache, logits_BxV, n_active, spec), spec)
+    return write_loop(graphdef, params, initial_state(cache, logits_BxV, n_active, spec, sources_BxL), spec)
 
 
 def cache_slots(longest_prompt: int, max_new_tokens: int) -> int:
@@ -167,10 +192,12 @@ def cache_slots(longest_prompt: int, max_new_tokens: int) -> int:
 
 
 def write_spec(tokenizer, max_new_tokens: int, max_len: int, *, late_stopping: bool = True, patience: int = PATIENCE,
-               stop_repeats: bool = False, bans: item_bans.BanSpec | None = None) -> WriteSpec:
+               stop_repeats: bool = False, bans: item_bans.BanSpec | None = None,
+               copy: copy_names.CopySpec | None = None) -> WriteSpec:
+    """`copy`: sized for the prompts to come (`copy_names.with_room_for`)."""
     return WriteSpec(max_new_tokens=max_new_tokens, close_id=tokenizer.marker_id[protocol.CALL_END],
                      eos_id=tokenizer.eos_id, max_len=max_len, patience=patience, late_stopping=late_stopping,
-                     stop_repeats=stop_repeats, bans=bans)
+                     stop_repeats=stop_repeats, bans=bans, copy=copy)
 
 
 def prefill_prompts(graphdef, params, make_cache, max_len: int, vocab: int, rows: Sequence[Sequence[int]],
@@ -208,14 +235,16 @@ def row_results(tokenizer, spec: WriteSpec, fields: tuple[np.ndarray, ...], rows
 def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int = 128,
                   late_stopping: bool = True, patience: int = PATIENCE, make_cache=None,
                   pad_to: int | None = None, share_prefixes: bool = True, split=None,
-                  stop_repeats: bool = False, bans: item_bans.BanSpec | None = None) -> list[dict]:
+                  stop_repeats: bool = False, bans: item_bans.BanSpec | None = None,
+                  copy: copy_names.CopySpec | None = None) -> list[dict]:
     """Decode the write call after each prompt (which ends with `({MEM_WRITE-->`). Returns per prompt the
     body tokens up to the chosen cut (`ids`), the call text, the cut points and the stop reason.
 
     `share_prefixes`: prompts sharing a token prefix (one document's pretext) prefill it once
     (`prefix.prefill_shared`). `split`: `split_model(model)` when the caller already has it. `stop_repeats`: a row
-    whose call loops stops once it has repeated itself (module docstring; stop reason "repeat"). A stream of more
-    prompts than one batch: `refill.refill_writes`."""
+    whose call loops stops once it has repeated itself (module docstring; stop reason "repeat"). `copy`: names
+    copied from the prompt and relations from the known labels (`copy_names`). A stream of more prompts than one
+    batch: `refill.refill_writes`."""
     B = len(prompt_ids)
     if B == 0:
         return []
@@ -225,9 +254,11 @@ def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_
     make_cache = cache_factory(model) if make_cache is None else make_cache
     cache, logits = prefill_prompts(graphdef, params, make_cache, max_len, vocab_size(model, tokenizer), rows, B,
                                     share_prefixes)
+    copy = None if copy is None else copy_names.with_room_for(copy, rows)
     spec = write_spec(tokenizer, max_new_tokens, max_len, late_stopping=late_stopping, patience=patience,
-                      stop_repeats=stop_repeats, bans=bans)
-    s = _start_and_loop(graphdef, params, cache, logits, jnp.int32(B), spec)
+                      stop_repeats=stop_repeats, bans=bans, copy=copy)
+    sources = None if copy is None else copy_names.sources(prompt_ids, copy, rows=len(rows))
+    s = _start_and_loop(graphdef, params, cache, logits, jnp.int32(B), spec, sources)
     return row_results(tokenizer, spec, host_rows(s), range(B))
 
 
@@ -463,7 +494,8 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
                  late_stopping: bool = True, patience: int = PATIENCE, make_cache=None,
                  on_batch=None, share_prefixes: bool = True, grounded: bool = False,
                  relations: Collection[str] | None = None, min_confidence: float | None = None,
-                 stop_repeats: bool = False, ban_repeats: int = 0, refill: bool = False) -> WriteStats:
+                 stop_repeats: bool = False, ban_repeats: int = 0, refill: bool = False,
+                 copied_names: bool = False) -> WriteStats:
     """Extract triples from every sentence of `documents` and add them to `memory`, sentence by sentence in
     corpus order.
 
@@ -482,12 +514,15 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
     `stop_repeats`: a call that loops stops once repeated (`decode_writes`), counted in `WriteStats.repeats`.
     `ban_repeats` > 0: a call never writes an item twice; it takes its next choice instead, at most that many
     times (`item_bans`; a row out of bans stops and is counted in `WriteStats.repeats`).
+    `copied_names`: names are copied from the prompt's text and relations are among `relations` (if given) as the
+    call is decoded (`copy_names`).
     """
     book = _Book(memory, tokenizer, grounded, relations, min_confidence, on_batch)
     bans = item_bans.ban_spec(tokenizer, ban_repeats) if ban_repeats > 0 else None
+    copy = copy_names.copy_spec(tokenizer, relations) if copied_names else None
     decode = dict(max_new_tokens=max_new_tokens, late_stopping=late_stopping, patience=patience,
                   make_cache=make_cache, share_prefixes=share_prefixes, split=split_model(model),
-                  stop_repeats=stop_repeats, bans=bans)
+                  stop_repeats=stop_repeats, bans=bans, copy=copy)
     documents = _corpus_prompts(documents, tokenizer, pretext_sentences, max_prompt_tokens)
     (_write_refilled if refill else _write_batched)(model, tokenizer, book, documents, batch_size, decode)
     return book.stats
