@@ -163,3 +163,34 @@ def test_on_the_real_decoder_every_item_is_copied_when_the_whole_vocabulary_is_s
             assert not name.endswith((",", " "))
     free = [o["text"] for o in runs[False]]
     assert any(o not in {c["text"] for c in runs[True]} for o in free)
+
+
+def test_the_memory_stage_and_the_edits_keep_the_copied_triple_the_grounding_check_dropped(monkeypatch):
+    """`write_copied_names`: the memory stage's evaluation write keeps `Pedro>>born in>>Lisbon`, where without
+    copying the writer's `Lix` fails the grounding check; Table 3's edits are written with the same decoding."""
+    import types
+
+    import data_gen.gold_memory
+    from memllm_jax.eval.write_quality import EntityGold
+    from experiments import stages
+    from experiments.pipeline_config import PipelineConfig
+    from memllm_jax.memory.encoder import HashEncoder
+
+    gold = protocol.Triple("Pedro", "born in", "Lisbon")
+    monkeypatch.setattr(data_gen.gold_memory, "gold_triples", lambda doc: [gold])
+    monkeypatch.setattr(data_gen.gold_memory, "entity_gold", lambda doc: EntityGold([{"Pedro"}, {"Lisbon"}],
+                                                                                    {(0, "born in", 1)}))
+    monkeypatch.setattr(stages, "_labels", lambda self: dict(zip(("P19", "P17"), LABELS)))
+    model = preferring(WRITER)
+    monkeypatch.setattr(stages, "_write_budget", lambda self, min_confidence, _orig=stages._write_budget: {
+        **_orig(self, min_confidence), "make_cache": model.make_cache})
+    infos = {}
+    for copied in (False, True):
+        cfg = PipelineConfig(write_grounded=True, write_late_stopping=False, write_max_new_tokens=40, write_batch=1,
+                             write_copied_names=copied)
+        pipe = types.SimpleNamespace(cfg=cfg, encoder=lambda: HashEncoder(16), tokenizer=lambda: TOK)
+        mem, infos[copied] = stages._write_eval(pipe, model, [("x", ["Pedro was born in Lisbon."])], None)
+        assert stages._edit_checks(pipe)["copied_names"] is copied
+    assert infos[False]["ungrounded"] == 1 and infos[False]["correct"] == 0
+    assert infos[True]["ungrounded"] == 0 and infos[True]["correct"] == 1 and infos[True]["precision"] == 1.0
+    assert set(stages._edit_checks(pipe)["relations"]) == set(LABELS)
