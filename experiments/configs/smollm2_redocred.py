@@ -21,6 +21,10 @@ memory-read adapter that was measured (2026-11-27, the tenth run's other stages)
 memory-write adapter with them (166 batches per epoch against 200) has not finished a run here (README, results
 log).
 
+Names are not copied as the calls are decoded (`write_copied_names`, `decode.copy_names`): on a 100-step
+memory-write adapter, every grounded triple kept, copying gave 31 more right triples (recall 0.147 -> 0.165) but
+precision 0.275 -> 0.223 and F1 0.191 -> 0.189 (2026-11-27, docs/results_log.md).
+
 Repeated-item bans (`write_ban_repeats=8`, `decode.item_bans`): the 80-step adapter ends few calls and repeats an
 item until the budget (293 of the 390 evaluation calls ran to it); with the bans a call that would write an item
 again takes its next choice instead. On the evaluation documents, every grounded triple kept: precision / recall
