@@ -81,14 +81,9 @@ def _byte_level_decoder(tokenizer) -> dict[str, int] | None:
     backend = getattr(tokenizer, "_tok", None)
     if backend is None or "ByteLevel" not in type(getattr(backend, "decoder", None)).__name__:
         return None
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, n = list(printable), 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # noqa: PLC0415
+
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 def token_table(tokenizer) -> list[bytes | None]:
