@@ -88,7 +88,8 @@ class PipelineConfig:
     matmul_dtype: str | None = None
     """Operand dtype of the linear layers' matmuls of every model of the run, trained or evaluated (`ModelConfig.
     matmul_dtype`; None: each config's own). "bfloat16" multiplies bf16-rounded operands with float32
-    accumulation: TPU's default precision, faster than float32 on CPUs with AMX and slower on CPUs without.
+    accumulation: TPU's default precision, faster than float32 on CPUs that multiply bf16 in hardware (AMX,
+    `avx512_bf16`) and slower on CPUs without.
     "auto": whichever is faster on this host (`model.matmul.fast_operand_dtype`), resolved when the pipeline
     starts, so stage keys and `config.json` hold the dtype that ran."""
     encoder: str = "minilm"
@@ -262,9 +263,16 @@ def stage_key(cfg: PipelineConfig, name: str) -> str:
     return _hash(settings)
 
 
+_BOOKKEEPING_FIELDS = ("log_every", "checkpoint_every", "keep_checkpoints", "async_checkpoint", "resume",
+                       "compilation_cache", "progress")
+"""Training settings that change neither the trained weights nor a file a later stage reads: left out of the
+stage keys, so e.g. checkpointing more often does not redo a finished stage (an interrupted one resumes)."""
+
+
 def _resolved_train_config(module: str, section: str, overrides: tuple[str, ...]) -> Any:
     """A training config with the pipeline's own paths blanked, so editing e.g. `steps` in the module reruns it."""
     from experiments.training import train_config
 
-    resolved = train_config(module, section, overrides, train_data="", tokenizer="", workdir="", init=None)
-    return dataclasses.asdict(resolved)
+    resolved = dataclasses.asdict(train_config(module, section, overrides, train_data="", tokenizer="", workdir="",
+                                                init=None))
+    return {k: v for k, v in resolved.items() if k not in _BOOKKEEPING_FIELDS}

@@ -49,7 +49,8 @@ class ModelConfig:
     matmul_dtype: str | None = None
     """Operand dtype of the linear layers' and the LM head's matmuls (None: `compute_dtype`). Low-precision
     operands are multiplied exactly and accumulated in float32 (`model/matmul.py`): "bfloat16" with float32
-    compute is TPU's default precision for float32 matmuls, and runs 3-5x faster than float32 on CPUs with AMX.
+    compute is TPU's default precision for float32 matmuls, and runs 3-5x faster than float32 on CPUs with AMX
+    (~1.8x with AVX-512's `avx512_bf16`).
     LoRA adapters multiply with their layer's operands (as PEFT's under autocast); attention and norms keep
     `compute_dtype`."""
     remat: bool = False

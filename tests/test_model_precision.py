@@ -159,10 +159,11 @@ def test_hash_dropout_rejects_what_it_does_not_implement():
         HashDropout(0.1, broadcast_dims=(0,), rngs=nnx.Rngs(dropout=0))(jnp.ones((4, 4)), deterministic=False)
 
 
-def test_fast_operand_dtype_is_bf16_on_accelerators_and_amx_cpus_only():
+def test_fast_operand_dtype_is_bf16_on_accelerators_and_cpus_with_bf16_dots_only():
     amx = "processor\t: 0\nflags\t\t: fpu avx512f avx512_vnni amx_bf16 amx_tile amx_int8\n"
+    avx512_bf16 = "processor\t: 0\nflags\t\t: fpu avx512f avx512_vnni avx512_bf16 avx512bw\n"
     avx512 = "processor\t: 0\nflags\t\t: fpu avx512f avx512_vnni avx512bw\n"
-    assert fast_operand_dtype("cpu", amx) == "bfloat16"
+    assert fast_operand_dtype("cpu", amx) == fast_operand_dtype("cpu", avx512_bf16) == "bfloat16"
     assert fast_operand_dtype("cpu", avx512) == "float32"
     assert fast_operand_dtype("cpu", "model name\t: amx_bf16 in a name, not a flag\n") == "float32"
     assert fast_operand_dtype("tpu", avx512) == fast_operand_dtype("gpu", "") == "bfloat16"

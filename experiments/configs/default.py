@@ -33,8 +33,9 @@ failures: the edit held in memory, the read asked another relation). With them t
 the same edits went from 0.79 to 0.81 (docs/eval.md).
 
 Matmul operands are chosen per host (`matmul_dtype="auto"`): bf16-rounded with float32 accumulation (TPU's
-default precision) on TPUs, GPUs and CPUs with AMX, where XLA runs them 3-5x faster than float32 ones; float32 on
-CPUs without AMX, where bf16 dots are slower (the LoRA step 1.37x slower on an AVX-512 Xeon). Both meet the
+default precision) on TPUs, GPUs and CPUs that multiply bf16 in hardware (AMX: XLA's dots 3-5x faster than float32
+ones; AVX-512 with `avx512_bf16`: ~1.8x, the SmolLM2 LoRA step 1.47x); float32 on other CPUs, where bf16 dots are
+slower (the LoRA step 1.37x slower on an AVX-512 Xeon without `avx512_bf16`). Both meet the
 job's goals (README)."""
 
 from experiments.pipeline_config import PipelineConfig
