@@ -264,9 +264,11 @@ def stage_key(cfg: PipelineConfig, name: str) -> str:
 
 
 _BOOKKEEPING_FIELDS = ("log_every", "checkpoint_every", "keep_checkpoints", "async_checkpoint", "resume",
-                       "compilation_cache", "progress")
-"""Training settings that change neither the trained weights nor a file a later stage reads: left out of the
-stage keys, so e.g. checkpointing more often does not redo a finished stage (an interrupted one resumes)."""
+                       "compilation_cache", "progress", "mesh", "micro_batches", "sparse_head")
+"""Training settings that change neither the update a step computes (only how it is laid out over devices and
+micro-batches, up to float rounding) nor a file a later stage reads: left out of the stage keys, so checkpointing
+more often or splitting a step to fit memory does not redo a finished stage, and an interrupted one resumes
+under them (`TrainConfig.RUN_FIELDS`)."""
 
 
 def _resolved_train_config(module: str, section: str, overrides: tuple[str, ...]) -> Any:

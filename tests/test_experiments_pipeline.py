@@ -164,8 +164,9 @@ def test_stage_keys_follow_the_data_flow():
     other_encoder = PipelineConfig(train_overrides=base.train_overrides, encoder="other")
     assert [s for s in STAGES if stage_key(base, s) != stage_key(other_encoder, s)] == [
         "memory", "diagnostics", "table2", "editing", "scaling", "report"]
-    # Checkpointing and logging change no trained weight: a finished stage stays finished.
-    bookkeeping = PipelineConfig(train_overrides=base.train_overrides + ("mw.checkpoint_every=2", "mr.log_every=1"))
+    # Checkpointing, logging and micro-batching change no update: a finished stage stays finished.
+    bookkeeping = PipelineConfig(train_overrides=base.train_overrides + ("mw.checkpoint_every=2", "mr.log_every=1",
+                                                                         "mw.micro_batches=2"))
     assert [s for s in STAGES if stage_key(base, s) != stage_key(bookkeeping, s)] == []
 
 

@@ -100,6 +100,37 @@ def test_release_if_memory_low_reads_the_hosts_available_fraction(tmp_path, monk
     assert host_memory.release_if_memory_low(0.25, str(tmp_path / "absent")) is False
 
 
+def test_memory_is_given_back_when_the_host_could_not_hold_the_largest_step_rise(tmp_path, monkeypatch):
+    """A step can take a whole step's buffers of fresh memory (`StepRise`): the kept pages are given back when the
+    host has less than 1.25 x the largest rise over one step available, measured again after a release."""
+    from memllm_jax.train import host_memory
+
+    calls = []
+    monkeypatch.setattr(host_memory, "release_freed_memory", lambda: calls.append(1) or True)
+    status = tmp_path / "status"
+
+    def rss(gb: float):
+        status.write_text(f"Name:\tpython\nVmHWM:\t 1 kB\nVmRSS:\t {int(gb * 1e6)} kB\n")
+
+    rss(2.0)
+    rise = host_memory.StepRise(str(status))
+    rss(6.0)  # the first step: its buffers
+    assert rise.need_bytes() == 5_000_000_000 and rise.largest == 4_000_000_000
+    rss(6.0)
+    assert rise.need_bytes() == 5_000_000_000  # no rise: the largest stays
+    rss(9.0)  # a jump smaller than the first rise
+    assert rise.need_bytes() == 5_000_000_000
+    plenty = _meminfo(tmp_path, 24_000_000, 12_000_000)  # kB
+    assert host_memory.release_if_memory_low(0.1, plenty, need_bytes=rise.need_bytes()) is False and not calls
+    short = _meminfo(tmp_path, 24_000_000, 4_000_000)
+    assert host_memory.release_if_memory_low(0.1, short, need_bytes=rise.need_bytes()) is True and calls == [1]
+    rss(5.0)
+    rise.released()
+    rss(11.0)  # a jump of 6 GB from the released level raises the need
+    assert rise.need_bytes() == 7_500_000_000
+    assert host_memory.StepRise(str(tmp_path / "absent")).need_bytes() == 0
+
+
 def test_process_memory_is_read_from_proc_status(tmp_path):
     from memllm_jax.train.host_memory import process_memory_gb
 

@@ -160,7 +160,7 @@ def test_kept_heap_stops_at_the_first_change_of_batch_shape(files, tmp_path, mon
     monkeypatch.setattr(host_memory, "_keeping", True)
     libc = types.SimpleNamespace(mallopt=lambda *a: calls.append(a) or 1, malloc_trim=lambda pad: 1)
     monkeypatch.setattr(host_memory, "_libc", lambda: libc)
-    monkeypatch.setattr(loop, "release_if_memory_low", lambda: False)
+    monkeypatch.setattr(loop, "release_if_memory_low", lambda **kw: False)
     for buckets, name in (((128,), "one"), ((32, 128), "two")):
         cfg = TrainConfig(name=name, model=TINY, mode="full", train_data=(files["write"],), tokenizer=files["tok"],
                           seq_len=128, buckets=buckets, packing="pad", global_batch=8, steps=12, lr=1e-3,

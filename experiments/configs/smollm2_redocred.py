@@ -68,10 +68,12 @@ without (2026-11-24, each adapter trained in its own process, peak 16.5-16.7 GB)
 at 24 GB after 13 memory-read steps (the kept heap's fragments); the training loop now gives the kept pages back
 when the host's available memory falls below a quarter (`train.host_memory.release_if_memory_low`). A full run with
 both adapters in one process has not been timed since; `MEMLLM_DEFAULT_MALLOC=1` leaves malloc alone. On a
-2-core AMD EPYC host (2026-11-27) the memory-write training was killed by the kernel during step 184 of 200: the
-process's resident memory, 14.5 GB at every logged step through 180 (one batch shape all along), grew to 24.3 GB
-within that step, an XLA compute thread faulting in new pages. Hence the checkpoints every 25 / 30 steps: the
-stage resumes from the last one when rerun (`checkpoint_every` is left out of the stage keys)."""
+2-core AMD EPYC host the memory-write training was killed by the kernel twice (2026-11-27 / 28): the process's
+resident memory, 14.0-14.5 GB at every logged step (one batch shape all along), grew to 24.3-24.4 GB within one
+step (184, then 59), a step's buffers taken from fresh memory (`train.host_memory.StepRise`). Hence two
+micro-batches per step (the same update; resident 7.6 GB, the same ~11 s per step there), the loop's release of
+the kept pages whenever the host could not hold such a jump, and checkpoints every 25 / 30 steps: the stage
+resumes from the last one when rerun (these settings are left out of the stage keys)."""
 
 import pathlib
 
@@ -89,7 +91,8 @@ def get_config() -> PipelineConfig:
                           train_overrides=("mw.seq_len=512", "mr.seq_len=512", "mw.buckets=(256, 512)",
                                            "mr.buckets=(256, 512)", "mw.steps=200", "mr.steps=90",
                                            "mw.packing=pack_examples", "mr.packing=pack_examples",
-                                           "mw.checkpoint_every=25", "mr.checkpoint_every=30"),
+                                           "mw.checkpoint_every=25", "mr.checkpoint_every=30",
+                                           "mw.micro_batches=2", "mr.micro_batches=2"),
                           editing=str(SHARED / "zsre" / "zsre_dev200.json"), n_edits=198,
                           scaling_sizes=(0, 1000, 10000), growth_checkpoints=(100, 1000, 3000, 10000),
                           rows=("baseline1", "baseline2", "row1", "row2", "row3", "row4", "row5", "row6", "row7",

@@ -24,6 +24,11 @@ sizes for the next step's buffers) and was killed. Giving the pages back at ever
 but at 25 s per step (half its steps changed shape), slower than glibc's defaults (17-20 s). So the kept heap is
 for runs of one batch shape: at the first change of shape the loop calls `stop_keeping_freed_memory`, which
 restores glibc's defaults for the rest of the process and gives the kept pages back.
+Runs of one shape jump too, rarely: a step's buffers can miss the hole the last step's left and come from fresh
+memory (`StepRise`; 14.0 -> 24.4 GB within one step, killed). So the pages are also given back whenever the
+host's available memory is below 1.25 x the largest rise of the process's resident memory over one step seen so
+far (at first the first step's): a jump then always fits. Where a step's buffers take more than the host's spare
+memory, that is every step, i.e. glibc's defaults' speed; two micro-batches halve the buffers.
 `MEMLLM_DEFAULT_MALLOC=1` in the environment leaves malloc as it is (slower steps, a peak of one step's buffers).
 """
 
@@ -114,21 +119,65 @@ def release_freed_memory() -> bool:
     return malloc_trim(0) == 1
 
 
-def available_memory_fraction(meminfo: str = "/proc/meminfo") -> float | None:
-    """MemAvailable / MemTotal of the host, None where /proc/meminfo is missing or lacks them."""
+def _meminfo_kb(meminfo: str) -> dict[str, int] | None:
     try:
         with open(meminfo) as f:
             fields = dict(line.split(":", 1) for line in f if ":" in line)
-        return int(fields["MemAvailable"].split()[0]) / int(fields["MemTotal"].split()[0])
-    except (OSError, KeyError, ValueError, ZeroDivisionError):
+        return {k: int(fields[k].split()[0]) for k in ("MemTotal", "MemAvailable")}
+    except (OSError, KeyError, ValueError):
         return None
 
 
-def release_if_memory_low(min_available: float = 0.25, meminfo: str = "/proc/meminfo") -> bool:
-    """`release_freed_memory` when the host's available memory is below `min_available` of its total (the kept
-    heap's free pages count as used); True when it released any. Cheap enough to call after every step."""
-    available = available_memory_fraction(meminfo)
-    return available is not None and available < min_available and release_freed_memory()
+def available_memory_fraction(meminfo: str = "/proc/meminfo") -> float | None:
+    """MemAvailable / MemTotal of the host, None where /proc/meminfo is missing or lacks them."""
+    kb = _meminfo_kb(meminfo)
+    return kb["MemAvailable"] / kb["MemTotal"] if kb and kb["MemTotal"] else None
+
+
+def release_if_memory_low(min_available: float = 0.25, meminfo: str = "/proc/meminfo", need_bytes: int = 0) -> bool:
+    """`release_freed_memory` when the host's available memory is below `min_available` of its total or below
+    `need_bytes` (the kept heap's free pages count as used); True when it released any. Cheap enough to call after
+    every step."""
+    kb = _meminfo_kb(meminfo)
+    if not kb or not kb["MemTotal"]:
+        return False
+    low = kb["MemAvailable"] < min_available * kb["MemTotal"] or kb["MemAvailable"] * 1024 < need_bytes
+    return low and release_freed_memory()
+
+
+class StepRise:
+    """The largest rise of this process's resident memory over one training step, for `release_if_memory_low`'s
+    `need_bytes`: in the kept heap a step can take a whole step's buffers of fresh memory (see `need_bytes`), so
+    the host must have that much available before every step.
+
+    XLA allocates a step's buffers afresh every step. In the kept heap (one arena, never trimmed) a small block
+    another thread allocates meanwhile can land in the hole the last step's buffers left; the next step's buffers
+    no longer fit there and come from the top of the heap, so the resident memory jumps by a whole step's buffers
+    within one step. Measured on a 24 GB host (SmolLM2-135M memory-write LoRA step, 8 x 512 tokens, 2026-11-28):
+    14.0 -> 24.4 GB during step 59, killed by the kernel (an earlier run: 14.5 -> 24.3 GB during step 184); with two
+    micro-batches 7.6 -> 13.2 GB at step 62. The first step's rise (its buffers, and the compilation's) sets the
+    measure, and a later jump can only raise it."""
+
+    def __init__(self, status: str = "/proc/self/status", margin: float = 1.25):
+        self.status, self.margin = status, margin
+        self.largest = 0
+        self.last = self._rss()
+
+    def _rss(self) -> int | None:
+        gb = process_memory_gb(self.status).get("host_rss_gb")
+        return None if gb is None else int(gb * 1e9)
+
+    def need_bytes(self) -> int:
+        """After a step: `margin` x the largest rise so far, in bytes (0 where /proc is missing)."""
+        now = self._rss()
+        if now is not None and self.last is not None:
+            self.largest = max(self.largest, now - self.last)
+        self.last = now
+        return int(self.margin * self.largest)
+
+    def released(self) -> None:
+        """The free pages were just given back: measure the next rise from here."""
+        self.last = self._rss()
 
 
 def process_memory_gb(status: str = "/proc/self/status") -> dict[str, float]:

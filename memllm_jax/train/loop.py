@@ -30,7 +30,7 @@ from memllm_jax.train import data as D
 from memllm_jax.train import step as S
 from memllm_jax.train.checkpoint import Checkpointer
 from memllm_jax.train.config import TrainConfig, resume_conflicts, validate
-from memllm_jax.train.host_memory import release_if_memory_low, stop_keeping_freed_memory
+from memllm_jax.train.host_memory import StepRise, release_if_memory_low, stop_keeping_freed_memory
 from memllm_jax.train.metrics import MetricsLogger
 from memllm_jax.train.optimizer import make_optimizer, schedule
 
@@ -239,6 +239,7 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
             if last_eval:
                 logger.log(0, last_eval, kind="eval")
         last_shape = None
+        rise, releases = StepRise(), 0
         for step in range(start, total):
             local = next(iterator)
             shape = tuple(sorted((k, v.shape) for k, v in local.items()))
@@ -259,8 +260,14 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
                     + ". Try a lower TrainConfig.lr, more warmup_steps, or clip_norm."
                 )
             last_metrics = m
-            if release_if_memory_low():  # the kept heap's fragments (train.host_memory) must not exhaust the host
-                logger.write(f"step {done}: host memory low, freed memory kept for reuse given back (malloc_trim)")
+            # The kept heap's fragments and jumps (train.host_memory) must not exhaust the host.
+            if release_if_memory_low(need_bytes=rise.need_bytes()):
+                rise.released()
+                releases += 1
+                if releases in (1, 10, 100):
+                    logger.write(f"step {done}: host memory low, freed memory kept for reuse given back (malloc_trim; "
+                                 f"{releases} time{'s' if releases > 1 else ''} so far; a step rose by up to "
+                                 f"{rise.largest / 1e9:.1f} GB)")
             logger.count_tokens(int(local["attn_mask"].sum()) * pcount)
             logger.step(done, m, write=done % cfg.log_every == 0 or done == total)
             if cfg.eval_every and done % cfg.eval_every == 0 and done != total:
