@@ -22,6 +22,13 @@ from experiments.pipeline_config import STAGES, PipelineConfig, resolve_host_set
 from memllm_jax.files import atomic_write_json
 
 
+def run_stage_in_process(cfg: PipelineConfig, out: str, name: str) -> None:
+    """Run stage `name` of the pipeline in `out`, printing timed progress: a side process's entry point
+    (`side_stage.SideStage`)."""
+    t0 = time.perf_counter()
+    Pipeline(cfg, out, say=lambda msg: print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)).run_stage(name)
+
+
 class Pipeline:
     def __init__(self, cfg: PipelineConfig, out: str | pathlib.Path, say: Callable[[str], None] = print):
         self.cfg, self.out, self.say = resolve_host_settings(cfg, say), pathlib.Path(out), say
@@ -62,7 +69,7 @@ class Pipeline:
                 if name == "mw" and self.cfg.parallel_adapters and "mr" in stages and not self.done("mr"):
                     from experiments.side_stage import SideStage
 
-                    side = SideStage(self.cfg, self.out, "mr").start(self.say)
+                    side = SideStage(self.cfg, self.out, "mr", run_stage_in_process).start(self.say)
                 self.run_stage(name)
         finally:
             if side is not None:  # the main process failed first

@@ -119,7 +119,7 @@ class PipelineConfig:
     prompt's prefill in a batch of another shape, which can flip a near-tie of the greedy choice (345 triples
     against 336 there)."""
     write_grounded: bool = False
-    """The memory stage keeps only grounded triples (`decode.writer.is_grounded`: both names copied from the
+    """The memory stage keeps only grounded triples (`decode.corpus_writer.is_grounded`: both names copied from the
     document, one of them from the focus sentence, a known relation type); the report gives precision / recall
     before and after the check."""
     write_min_confidence: float | str | None = None

@@ -18,26 +18,25 @@ import os
 import pathlib
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 
-def _child(cfg, out: str, name: str, log_path: str) -> None:
+def _child(run: Callable[[Any, str, str], None], cfg, out: str, name: str, log_path: str) -> None:
     log = open(log_path, "w", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
     os.environ["TQDM_DISABLE"] = "1"  # no progress bar in a log file; the main process reports progress
-    from experiments.pipeline import Pipeline
-
-    t0 = time.perf_counter()
-    Pipeline(cfg, out, say=lambda msg: print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)).run_stage(name)
+    run(cfg, out, name)
 
 
 class SideStage:
-    """`SideStage(cfg, out, "mr").start()`, later `.wait(say)` (reports progress, raises on failure)."""
+    """`SideStage(cfg, out, "mr", run).start(say)`, later `.wait(say)` (reports progress, raises on failure).
+    `run(cfg, out, name)` runs the stage; a module-level function (`pipeline.run_stage_in_process`), since the
+    second process is spawned and receives it pickled."""
 
-    def __init__(self, cfg, out: pathlib.Path, name: str):
-        self.cfg, self.out, self.name = cfg, pathlib.Path(out), name
+    def __init__(self, cfg, out: pathlib.Path, name: str, run: Callable[[Any, str, str], None]):
+        self.cfg, self.out, self.name, self.run = cfg, pathlib.Path(out), name, run
         self.log_path = self.out / "logs" / f"{name}.log"
         self._proc = None
         self._t0 = 0.0
@@ -45,7 +44,7 @@ class SideStage:
     def start(self, say: Callable[[str], None]) -> "SideStage":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         ctx = multiprocessing.get_context("spawn")
-        self._proc = ctx.Process(target=_child, args=(self.cfg, str(self.out), self.name, str(self.log_path)),
+        self._proc = ctx.Process(target=_child, args=(self.run, self.cfg, str(self.out), self.name, str(self.log_path)),
                                  name=f"memllm-{self.name}", daemon=True)
         self._t0 = time.perf_counter()
         self._proc.start()

@@ -207,7 +207,7 @@ def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None
     and by entity under "entity_level": `eval.write_quality`). `log`: a JSON-lines file of every triple written,
     its sentence, whether it is gold (by name) and what the checks made of it."""
     from data_gen.gold_memory import entity_gold, gold_triples
-    from memllm_jax.decode.writer import write_corpus
+    from memllm_jax.decode.corpus_writer import write_corpus
     from memllm_jax.eval.write_quality import entity_agreement, triple_key, write_agreement
     from memllm_jax.memory import TripleMemory
 
@@ -240,7 +240,7 @@ def _choose_min_confidence(self, mw, outside, on_batch) -> tuple[float, dict, li
     the choice is never worse on them than no threshold): `(threshold, report, [scored writes of the quarter, of
     the rest])`, the scored writes to fill rows ② / ① at that threshold without decoding again."""
     from data_gen.gold_memory import gold_triples
-    from memllm_jax.decode.writer import write_corpus
+    from memllm_jax.decode.corpus_writer import write_corpus
     from memllm_jax.eval.write_quality import choose_min_confidence, threshold_label
     from memllm_jax.memory import TripleMemory
 
@@ -265,7 +265,7 @@ def _choose_min_confidence(self, mw, outside, on_batch) -> tuple[float, dict, li
 
 def stage_memory(self):
     from data_gen.gold_memory import fill_memory
-    from memllm_jax.decode.writer import write_corpus, write_scored
+    from memllm_jax.decode.corpus_writer import write_corpus, write_scored
     from memllm_jax.memory import TripleMemory
 
     setting = self.cfg.write_min_confidence

@@ -219,7 +219,7 @@ def restore_params(directory: str | os.PathLike, target, step: int | None = None
     """Restore into `target` and return the model.
 
     `target` is a Mistral (restored in place; a LoRA-only checkpoint keeps its base weights) or a
-    `(graphdef, abstract_state)` pair from `sharding.abstract_model(cfg, lora, mesh)` whose
+    `(graphdef, abstract_state)` pair from `model.placement.abstract_model(cfg, lora, mesh)` whose
     ShapeDtypeStructs carry the shardings to restore into.
     """
     import orbax.checkpoint as ocp
@@ -261,7 +261,7 @@ def restore_params(directory: str | os.PathLike, target, step: int | None = None
     for item, (_, assemble) in plans.items():
         values.update(assemble(restored[item]))
     if model is None:
-        from memllm_jax.sharding import materialize
+        from memllm_jax.model.placement import materialize
 
         for path, var in nnx.to_flat_state(state):
             key = ".".join(str(k) for k in path)

@@ -103,7 +103,8 @@ def plan_train(cfg, lora, mesh, batch: int, seq_len: int, micro_batches: int = 1
     import jax.numpy as jnp
     from flax import nnx
 
-    from memllm_jax.sharding import abstract_model, state_shardings
+    from memllm_jax.model.placement import abstract_model
+    from memllm_jax.sharding import state_shardings
     from memllm_jax.train import step as S
     from memllm_jax.train.config import TrainConfig
     from memllm_jax.train.optimizer import make_optimizer
@@ -133,7 +134,8 @@ def plan_decode(cfg, lora, mesh, batch: int, cache_len: int) -> Plan:
     from flax import nnx
 
     from memllm_jax.model.mistral import KVCache, init_cache
-    from memllm_jax.sharding import abstract_model, batch_sharding, cache_shardings, row_sharding
+    from memllm_jax.model.placement import abstract_model, cache_shardings
+    from memllm_jax.sharding import batch_sharding, row_sharding
 
     graphdef, state = abstract_model(cfg, lora, mesh)
     cache = jax.eval_shape(lambda: init_cache(cfg, batch, cache_len))

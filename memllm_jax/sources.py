@@ -143,7 +143,7 @@ def _plain(model, mesh, seed: int = 0):
     if model.lora_cfg is None:
         return model
     merge_lora(model)
-    from memllm_jax.sharding import create_model
+    from memllm_jax.model.placement import create_model
 
     plain = create_model(model.cfg, None, mesh if mesh is not None else _single_mesh(), seed)
     nnx.update(plain, nnx.state(model, BASE_PARAMS))
@@ -153,7 +153,7 @@ def _plain(model, mesh, seed: int = 0):
 def _load_checkpoint(directory: pathlib.Path, mesh, step: int | None = None):
     """A model with its stored LoRA (unmerged) from a checkpoint, resolving an adapter-only one's base."""
     from memllm_jax import checkpoint as C
-    from memllm_jax.sharding import abstract_model
+    from memllm_jax.model.placement import abstract_model
 
     stored = C.read_stored(directory, step)
     if stored.base is None:
@@ -178,7 +178,7 @@ def _base_model(source: str, cfg, lora, extra_tokens: int, mesh, where: str):
             raise InputError(f"{where}: its base {source} has {model.cfg.vocab_size} vocabulary rows, the checkpoint "
                              f"{cfg.vocab_size}")
         return model
-    from memllm_jax.sharding import create_model
+    from memllm_jax.model.placement import create_model
 
     model = create_model(cfg, lora, mesh if mesh is not None else _single_mesh(), 0)
     load_base_into(model, source)
@@ -214,7 +214,7 @@ def build_model(cfg, mesh, vocab_size: int | None = None):
     """The model a training run (`TrainConfig` `cfg`) starts from, on `mesh`: random, or the base weights of
     `cfg.init_checkpoint` (any source above), with fresh adapters in LoRA mode."""
     from memllm_jax.model.gguf import is_gguf, resolve_model_dir
-    from memllm_jax.sharding import create_model
+    from memllm_jax.model.placement import create_model
 
     lora = cfg.lora if cfg.mode == "lora" else None
     init = cfg.init_checkpoint

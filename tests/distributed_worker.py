@@ -25,7 +25,8 @@ from jax.experimental import multihost_utils  # noqa: E402
 
 from memllm_jax.bench.train import _batch  # noqa: E402
 from memllm_jax.config import TINY, MeshConfig  # noqa: E402
-from memllm_jax.sharding import create_sharded_model, make_mesh  # noqa: E402
+from memllm_jax.model.placement import create_sharded_model  # noqa: E402
+from memllm_jax.sharding import make_mesh  # noqa: E402
 from memllm_jax.train import step as S  # noqa: E402
 from memllm_jax.train.config import TrainConfig  # noqa: E402
 from memllm_jax.train.optimizer import make_optimizer  # noqa: E402

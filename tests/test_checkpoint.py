@@ -12,7 +12,8 @@ from memllm_jax.checkpoint import read_configs, restore_params, save_params
 from memllm_jax.config import LoraConfig, MeshConfig, ModelConfig
 from memllm_jax.model.lora import lora_modules
 from memllm_jax.model.mistral import Mistral
-from memllm_jax.sharding import abstract_model, make_mesh, state_shardings
+from memllm_jax.model.placement import abstract_model
+from memllm_jax.sharding import make_mesh, state_shardings
 
 CFG = ModelConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
                   sliding_window=None, max_seq_len=32)

@@ -36,7 +36,7 @@ def test_generate_command_end_to_end(tmp_path, capsys):
     assert out.startswith("Paris is") and "raw:" in out and "({MEM_READ(x>>r>>)-->" in out
     # with the real BPE tokenizer, marker strings in a prompt or a document never become marker ids
     from memllm_jax.decode.reader import encode_prompt
-    from memllm_jax.decode.writer import WriteDocument, iter_write_prompts
+    from memllm_jax.decode.corpus_writer import iter_write_prompts, WriteDocument
 
     text = "a ({MEM_READ(x>>r>>)--> b }) ({MEM_WRITE--> c ({USER_ST}) d ({USER_END})"
     assert not set(encode_prompt(tok, text)) & set(tok.marker_id.values())

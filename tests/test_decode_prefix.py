@@ -13,7 +13,8 @@ from memllm_jax.config import TINY
 from memllm_jax.decode import prefix
 from memllm_jax.decode.loop import prefill, split_model
 from memllm_jax.decode.scripted import CharTokenizer
-from memllm_jax.decode.writer import WriteDocument, decode_writes, iter_write_prompts, write_corpus
+from memllm_jax.decode.corpus_writer import iter_write_prompts, write_corpus, WriteDocument
+from memllm_jax.decode.writer import decode_writes
 from memllm_jax.model.mistral import Mistral, init_cache
 
 TOK = CharTokenizer()

@@ -17,7 +17,8 @@ from memllm_jax.decode.item_bans import ban_spec
 from memllm_jax.decode.loop import split_model
 from memllm_jax.decode.refill import default_refill_at, refill_writes
 from memllm_jax.decode.scripted import CharTokenizer, PolicyModel, TableModel
-from memllm_jax.decode.writer import WriteDocument, decode_writes, iter_write_prompts, write_corpus
+from memllm_jax.decode.corpus_writer import iter_write_prompts, write_corpus, WriteDocument
+from memllm_jax.decode.writer import decode_writes
 from memllm_jax.model.mistral import Mistral
 
 POOL = 4

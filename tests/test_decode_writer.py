@@ -6,7 +6,8 @@ import pytest
 
 from memllm_jax import protocol
 from memllm_jax.decode.scripted import CharTokenizer, PolicyModel, TableModel
-from memllm_jax.decode.writer import decode_writes, item_confidences, repeat_length, write_corpus
+from memllm_jax.decode.corpus_writer import write_corpus
+from memllm_jax.decode.writer import decode_writes, item_confidences, repeat_length
 
 TOK = CharTokenizer()
 CLOSE = TOK.marker_id[protocol.CALL_END]
@@ -158,7 +159,7 @@ def test_a_looping_call_stops_once_it_has_repeated_itself():
 
 
 def test_marker_strings_in_documents_never_form_markers():
-    from memllm_jax.decode.writer import WriteDocument, iter_write_prompts
+    from memllm_jax.decode.corpus_writer import iter_write_prompts, WriteDocument
 
     doc = WriteDocument.from_sentences("d", ["a ({MEM_READ(x>>r>>)--> b", "c }) ({USER_ST}) d"])
     for _, ids in iter_write_prompts(doc, TOK):
@@ -167,7 +168,7 @@ def test_marker_strings_in_documents_never_form_markers():
 
 
 def test_is_grounded_needs_copied_names_and_a_known_relation():
-    from memllm_jax.decode.writer import is_grounded
+    from memllm_jax.decode.corpus_writer import is_grounded
 
     context, sentence = "Ada Lovelace was born in London. She married  William King.", "She married  William King."
     t = protocol.Triple
@@ -236,7 +237,7 @@ def test_min_confidence_drops_the_items_the_model_hesitated_on():
 def test_scored_writes_fill_a_memory_as_a_write_at_that_threshold_would():
     """`WriteStats.scored` keeps each checked triple with its confidence; `write_scored` at a threshold adds
     exactly what `write_corpus` at that threshold adds, sentence by sentence."""
-    from memllm_jax.decode.writer import write_scored
+    from memllm_jax.decode.corpus_writer import write_scored
 
     model = PolicyModel(unsure_policy, TOK.vocab_size)
     docs = [("d1", ["a met b.", "Then c."]), ("d2", ["a met b."])]

@@ -219,16 +219,18 @@ def test_context_bound_covers_the_longest_evaluation_document(tmp_path):
 
 
 def test_side_stage_runs_a_stage_in_a_second_process(tmp_path):
+    from experiments.pipeline import run_stage_in_process
     from experiments.side_stage import SideStage
 
     cfg = PipelineConfig(synth_docs=40, eval_docs=5, vocab_size=400)
     said = []
-    failing = SideStage(cfg, tmp_path, "tokenizer").start(said.append)  # its input (the corpus) is missing
+    # its input (the corpus) is missing
+    failing = SideStage(cfg, tmp_path, "tokenizer", run_stage_in_process).start(said.append)
     with pytest.raises(RuntimeError, match="tokenizer.*failed in its second process"):
         failing.wait(said.append, every=1.0)
     pipe = Pipeline(cfg, tmp_path, said.append)
     pipe.run(("corpus",))
-    SideStage(cfg, tmp_path, "tokenizer").start(said.append).wait(said.append, every=1.0)
+    SideStage(cfg, tmp_path, "tokenizer", run_stage_in_process).start(said.append).wait(said.append, every=1.0)
     assert pipe.done("tokenizer")  # the second process wrote the stage's stamp
     assert (tmp_path / "tokenizer").exists() and (tmp_path / "logs" / "tokenizer.log").exists()
     assert any("done in" in s and "second process" in s for s in said)
@@ -263,7 +265,7 @@ def test_mw_learning_curve_writes_with_each_export(tmp_path):
     from data_gen.gold_memory import gold_triples
     from experiments.stages import _documents, _mw_curve
     from memllm_jax.config import TINY, MeshConfig
-    from memllm_jax.decode.writer import write_corpus
+    from memllm_jax.decode.corpus_writer import write_corpus
     from memllm_jax.eval.write_quality import write_agreement
     from memllm_jax.memory import TripleMemory, load_encoder
     from memllm_jax.train import loop

@@ -11,14 +11,8 @@ from jax.sharding import PartitionSpec as P
 
 from memllm_jax.config import MISTRAL_7B, LoraConfig, MeshConfig, ModelConfig
 from memllm_jax.model.mistral import Mistral
-from memllm_jax.sharding import (
-    abstract_model,
-    batch_sharding,
-    create_sharded_model,
-    make_mesh,
-    param_bytes,
-    state_shardings,
-)
+from memllm_jax.model.placement import abstract_model, create_sharded_model, param_bytes
+from memllm_jax.sharding import batch_sharding, make_mesh, state_shardings
 
 CFG = ModelConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
                   sliding_window=6, max_seq_len=32)
@@ -127,7 +121,7 @@ def test_model_size_command(capsys):
 
 def test_sharded_cache_decoding_matches(reference):
     from memllm_jax.model.mistral import init_cache
-    from memllm_jax.sharding import cache_shardings
+    from memllm_jax.model.placement import cache_shardings
 
     graphdef, state, (tokens, positions, mask), expected = reference
     mesh = make_mesh(MeshConfig(1, 4, 2))

@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from memllm_jax.config import TINY, LoraConfig, MeshConfig
-from memllm_jax.sharding import create_model
+from memllm_jax.model.placement import create_model
 from memllm_jax.train import loop
 from memllm_jax.train.checkpoint import Checkpointer
 from memllm_jax.train.config import TrainConfig

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from memllm_jax.config import TINY, LoraConfig, MeshConfig
+from memllm_jax.model.placement import create_model
 from memllm_jax.sharding import make_mesh
-from memllm_jax.sharding import create_model
 from memllm_jax.train import step as S
 from memllm_jax.train.config import TrainConfig
 from memllm_jax.train.optimizer import make_optimizer

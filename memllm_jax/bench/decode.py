@@ -205,7 +205,8 @@ def main(args: argparse.Namespace) -> int:
     from memllm_jax.bench.timing import interleaved, markdown_table
     from memllm_jax.decode.reader import generate_with_memory
     from memllm_jax.decode.refill import refill_writes
-    from memllm_jax.decode.writer import decode_writes, iter_write_prompts, write_corpus, WriteDocument
+    from memllm_jax.decode.corpus_writer import iter_write_prompts, write_corpus, WriteDocument
+    from memllm_jax.decode.writer import decode_writes
     from memllm_jax.model.hf import save_hf
 
     model, tok = build(model_shape(args))

@@ -93,7 +93,7 @@ def ours(cfg, lora_cfg, tcfg, batch, sparse_head: bool = True):
     from memllm_jax.sharding import make_mesh
     from memllm_jax.train import step as S
     from memllm_jax.train.data import head_positions, round_capacity
-    from memllm_jax.sharding import create_model
+    from memllm_jax.model.placement import create_model
     from memllm_jax.train.optimizer import make_optimizer
 
     mesh = make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])

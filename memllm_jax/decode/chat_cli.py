@@ -40,7 +40,7 @@ def chat_session(read_model, write_model, tok, memory, lines: Iterable[str], out
     """Run the chat over `lines` (stdin or a test script), writing replies to `out`; `save()` persists."""
     from memllm_jax.decode.generate_cli import format_result
     from memllm_jax.decode.reader import generate_with_memory
-    from memllm_jax.decode.writer import WriteDocument, write_corpus
+    from memllm_jax.decode.corpus_writer import write_corpus, WriteDocument
     from memllm_jax.decode.write_cli import _SENT_END
 
     history: list[str] = []

@@ -25,7 +25,7 @@ import pathlib
 import re
 from typing import Iterator
 
-from memllm_jax.decode.writer import WriteDocument
+from memllm_jax.decode.corpus_writer import WriteDocument
 from memllm_jax.errors import InputError, read_text
 from memllm_jax.files import atomic_write_json
 
@@ -159,7 +159,7 @@ def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path
     `shard=(I, N)`: only the documents k with k % N == I (k = the record's index in the corpus)."""
     from tqdm import tqdm
 
-    from memllm_jax.decode.writer import write_corpus
+    from memllm_jax.decode.corpus_writer import write_corpus
 
     check_shard(*shard)
     progress_path = memory_dir / PROGRESS

@@ -177,11 +177,12 @@ def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord], *, 
                   stop_repeats: bool = False, ban_repeats: int = 0,
                   copied_names: bool = False) -> list[list[protocol.Triple]]:
     """Triples the memory-write model extracts from each edit sentence (by default with late stopping, paper
-    Appendix A). `grounded` / `relations` / `min_confidence`: the memory stage's checks (`writer.check_written`),
+    Appendix A). `grounded` / `relations` / `min_confidence`: the memory stage's checks (`corpus_writer.check_written`),
     with the edit sentence as both the document and the focus sentence. `stop_repeats` / `ban_repeats` /
-    `copied_names` (relations copied from `relations`): as in `writer.write_corpus`."""
+    `copied_names` (relations copied from `relations`): as in `corpus_writer.write_corpus`."""
     from memllm_jax.decode import copy_names, item_bans
-    from memllm_jax.decode.writer import check_written, decode_writes
+    from memllm_jax.decode.corpus_writer import check_written
+    from memllm_jax.decode.writer import decode_writes
 
     sentences = [edit_sentence(r) for r in records]
     prompts = [[tok.bos_id] + tok.encode(protocol.format_write_prompt("", s) + protocol.MEM_WRITE) for s in sentences]

@@ -95,7 +95,7 @@ def choose_min_confidence(scored: Iterable[tuple[protocol.Triple, float]], gold:
     precise memory), and the precision / recall / F1 of every candidate.
 
     `scored`: the (triple, confidence) pairs a memory-write model wrote on development documents whose gold
-    triples are `gold` (`decode.writer.WriteStats.scored`); a triple counts as written at threshold t when one
+    triples are `gold` (`decode.corpus_writer.WriteStats.scored`); a triple counts as written at threshold t when one
     of its writes has confidence >= t, as the memory keeps a triple once. A candidate None keeps every triple (the
     lowest threshold)."""
     scored, gold = list(scored), list(gold)

@@ -221,7 +221,8 @@ def load_hf(
     `extra_tokens` appends that many embedding / LM-head rows initialised to the mean row (for added special
     tokens). `config_overrides` replace ModelConfig fields (e.g. `param_dtype="bfloat16"`).
     """
-    from memllm_jax.sharding import abstract_model, check_fits, materialize, state_shardings
+    from memllm_jax.model.placement import abstract_model, materialize
+    from memllm_jax.sharding import check_fits, state_shardings
 
     directory = pathlib.Path(directory)
     config_path = directory / "config.json"

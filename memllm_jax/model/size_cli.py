@@ -26,7 +26,8 @@ def main(args: argparse.Namespace) -> int:
     import jax
 
     from memllm_jax.config import PRESETS, LoraConfig, MeshConfig
-    from memllm_jax.sharding import make_mesh, param_bytes
+    from memllm_jax.model.placement import param_bytes
+    from memllm_jax.sharding import make_mesh
 
     if args.preset not in PRESETS:
         raise SystemExit(f"--preset {args.preset!r}: choose one of {sorted(PRESETS)}")

@@ -1,0 +1,103 @@
+"""Models and caches placed on a device mesh by the logical-axis shardings of `memllm_jax.sharding`.
+
+The model is built abstractly (`nnx.eval_shape`), its shardings are read off the abstract state, and a large
+model's real initialisation runs under `jax.jit(..., out_shardings=...)`, so no host ever holds the full
+parameter set.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+
+from memllm_jax.config import LoraConfig, ModelConfig
+from memllm_jax.model.mistral import KVCache, Mistral
+from memllm_jax.sharding import check_fits, logical_to_spec, state_shardings
+
+
+def cache_shardings(cfg: ModelConfig, mesh: Mesh, batch_size: int, max_len: int):
+    """A KVCache of NamedShardings: batch over ("data", "fsdp"), kv heads over "tensor"."""
+    shape = (cfg.n_layers, batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
+    kv = NamedSharding(mesh, logical_to_spec((None, "batch", None, "kv_heads", None), shape, mesh, "KVCache"))
+    lengths = NamedSharding(mesh, logical_to_spec(("batch",), (batch_size,), mesh, "KVCache.lengths_B"))
+    return KVCache(kv, kv, lengths)
+
+
+def abstract_model(cfg: ModelConfig, lora_cfg: LoraConfig | None = None, mesh: Mesh | None = None, seed: int = 0):
+    """`(graphdef, abstract_state)`; with a mesh the ShapeDtypeStructs carry their target shardings."""
+    if mesh is not None:
+        check_fits(cfg, mesh)
+    abstract = nnx.eval_shape(lambda: Mistral(cfg, lora_cfg, rngs=nnx.Rngs(seed)))
+    graphdef, state = nnx.split(abstract)
+    if mesh is not None:
+        shardings = state_shardings(state, mesh)
+        state = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings
+        )
+    return graphdef, state
+
+
+HOST_INIT_MAX_BYTES = 1 << 30
+"""Models smaller than this are initialised eagerly on the host (fast numpy initialisers) and then placed
+into their shardings; larger ones are initialised under `jax.jit` directly into their shardings."""
+
+
+def create_model(model_cfg: ModelConfig, lora: LoraConfig | None, mesh, seed: int):
+    """A randomly initialised model placed on `mesh` by its logical-axis shardings."""
+    if param_bytes(model_cfg, lora, mesh)[0] > HOST_INIT_MAX_BYTES:
+        return create_sharded_model(model_cfg, lora, mesh, seed)
+    model = Mistral(model_cfg, lora, rngs=nnx.Rngs(seed))
+    graphdef, state = nnx.split(model)
+    state = jax.device_put(state, state_shardings(state, mesh))
+    return nnx.merge(graphdef, state)
+
+
+def create_sharded_model(cfg: ModelConfig, lora_cfg: LoraConfig | None, mesh: Mesh, seed: int = 0):
+    """Initialise a Mistral directly into its shardings on `mesh`."""
+    check_fits(cfg, mesh)
+    graphdef, abstract = abstract_model(cfg, lora_cfg, None, seed)
+    shardings = state_shardings(abstract, mesh)
+
+    def init():
+        return nnx.state(Mistral(cfg, lora_cfg, rngs=nnx.Rngs(seed)))
+
+    state = jax.jit(init, out_shardings=shardings)()
+    return nnx.merge(graphdef, state)
+
+
+def param_bytes(cfg: ModelConfig, lora_cfg: LoraConfig | None, mesh: Mesh) -> tuple[int, int]:
+    """(total parameter bytes, bytes on the most loaded device), from abstract shapes only."""
+    graphdef, state = abstract_model(cfg, lora_cfg, None)
+    params = nnx.state(nnx.merge(graphdef, state), nnx.Param)
+    shardings = state_shardings(params, mesh)
+    total = per_device = 0
+    for var, sharding in zip(jax.tree.leaves(params), jax.tree.leaves(shardings)):
+        nbytes = math.prod(var.shape) * var.dtype.itemsize
+        total += nbytes
+        shard = sharding.shard_shape(var.shape)
+        per_device += math.prod(shard) * var.dtype.itemsize
+    return total, per_device
+
+
+def materialize(graphdef, state, seed: int = 0):
+    """Merge `graphdef` with `state`, initialising every leaf that is still a `jax.ShapeDtypeStruct` (LoRA
+    adapters, dropout RNG state, ...) fresh inside one jit, into the sharding the struct carries."""
+    flat = nnx.to_flat_state(state)
+    todo = [(path, var) for path, var in flat if isinstance(var.get_value(), jax.ShapeDtypeStruct)]
+    if todo:
+        model = nnx.merge(graphdef, state)
+        cfg, lora_cfg = model.cfg, model.lora_cfg
+        paths = [path for path, _ in todo]
+        out_shardings = [var.get_value().sharding for _, var in todo]
+
+        def init():
+            fresh = dict(nnx.to_flat_state(nnx.state(Mistral(cfg, lora_cfg, rngs=nnx.Rngs(seed)))))
+            return [fresh[p].get_value() for p in paths]
+
+        values = jax.jit(init, out_shardings=out_shardings)()
+        for (_, var), value in zip(todo, values):
+            var.set_value(value)
+    return nnx.merge(graphdef, state)
