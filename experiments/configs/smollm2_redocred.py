@@ -7,19 +7,21 @@ evaluation documents; with the real Re-DocRED files, pass `--set corpus=train_re
 eval_corpus=test_revised.json`. Run:
 memllm run --config smollm2_redocred --out outputs/smollm2_redocred
 
-Sized for a 2-core CPU: 200 memory-write and 90 memory-read steps of 8 rows of 512 tokens (one epoch of the write
-examples, two thirds of one of the read examples; at 30 steps the memory-read adapter never opened a read, at 90
-its own queries at the gold positions find the gold entity in 49% of the reads). Memory-write steps against
+Sized for a 2-core CPU: 300 memory-write and 90 memory-read steps of 8 rows of 512 tokens (1.5 epochs of the write
+examples, two thirds of one epoch of the read examples; at 30 steps the memory-read adapter never opened a read, at
+90 its own queries at the gold positions find the gold entity in 49% of the reads). Memory-write steps against
 Re-DocRED memory-write precision / recall and Table 3's sequential REL / GEN: 40 steps 0.21 / 0.03 and 0.33 / 0.30;
-80 steps 0.27 / 0.08 and 0.40 / 0.38 (README, "Sixth run"); 200 steps, with the bans below, 0.28 / 0.20 and
-0.44 / 0.41, single edits 0.60 / 0.57 (README, "Eighth run"; ~49 minutes of training idle against ~20), calls of at most 192 tokens written 32 sentences at a time (Re-DocRED sentences
-state many facts: 31% of the gold calls are longer than 128 SmolLM2 tokens), no late stopping, grounded writes
-only and the edited memory of Table 3 with exact names first (as in the default). Examples are packed whole
-("pack_examples", as in every run above), not with shared prefixes as the default now packs them. For the
-memory-read adapter that was measured (2026-11-27, the tenth run's other stages): 100 batches per epoch against
-135, the same held-out loss (1.888), Table 3 sequential REL / GEN 0.439 / 0.429 against 0.470 / 0.399: no gain. The
-memory-write adapter with them (166 batches per epoch against 200) has not finished a run here (README, results
-log).
+80 steps 0.27 / 0.08 and 0.40 / 0.38 (README, "Sixth run"); 200 steps, with the bans below, 0.28 / 0.20 and 0.44 /
+0.41, single edits 0.60 / 0.57 (README, "Eighth run"; ~49 minutes of training idle against ~20; 0.470 / 0.399 with
+the misread results below); 300 steps 0.288 / 0.236 and 0.490 / 0.439, single 0.65 / 0.57 (~51 minutes in bf16 on
+an AVX-512 host with bf16 dots, docs/results_log.md, 2026-11-28); calls of at most 192 tokens written 32 sentences
+at a time (Re-DocRED sentences state many facts: 31% of the gold calls are longer than 128 SmolLM2 tokens), no late
+stopping, grounded writes only and the edited memory of Table 3 with exact names first (as in the default).
+Examples are packed whole ("pack_examples", as in every run above), not with shared prefixes as the default now
+packs them. For the memory-read adapter that was measured (2026-11-27, the tenth run's other stages): 100 batches
+per epoch against 135, the same held-out loss (1.888), Table 3 sequential REL / GEN 0.439 / 0.429 against 0.470 /
+0.399: no gain. The memory-write adapter with them (166 batches per epoch against 200) has not finished a run here
+(README, results log).
 
 Names are not copied as the calls are decoded (`write_copied_names`, `decode.copy_names`): on a 100-step
 memory-write adapter, every grounded triple kept, copying gave 31 more right triples (recall 0.147 -> 0.165) but
@@ -89,7 +91,7 @@ def get_config() -> PipelineConfig:
                           read_misread_rate=0.5,
                           base_model="smollm2-135m", matmul_dtype="auto", mw_config="mw_smollm2", mr_config="mr_smollm2",
                           train_overrides=("mw.seq_len=512", "mr.seq_len=512", "mw.buckets=(256, 512)",
-                                           "mr.buckets=(256, 512)", "mw.steps=200", "mr.steps=90",
+                                           "mr.buckets=(256, 512)", "mw.steps=300", "mr.steps=90",
                                            "mw.packing=pack_examples", "mr.packing=pack_examples",
                                            "mw.checkpoint_every=25", "mr.checkpoint_every=30",
                                            "mw.micro_batches=2", "mr.micro_batches=2"),
