@@ -8,7 +8,6 @@ that metadata. Models and caches are placed on a mesh by `model.placement`.
 from __future__ import annotations
 
 import math
-
 from typing import Any, Sequence
 
 import jax
