@@ -25,7 +25,9 @@ per epoch against 135, the same held-out loss (1.888), Table 3 sequential REL / 
 
 Names are not copied as the calls are decoded (`write_copied_names`, `decode.copy_names`): on a 100-step
 memory-write adapter, every grounded triple kept, copying gave 31 more right triples (recall 0.147 -> 0.165) but
-precision 0.275 -> 0.223 and F1 0.191 -> 0.189 (2026-11-27, docs/results_log.md).
+precision 0.275 -> 0.223 and F1 0.191 -> 0.189 (2026-11-27, docs/results_log.md); on the 300-step adapter, on the
+outside (development) documents at the chosen threshold -2.0, F1 0.2525 -> 0.245 (11 more right triples, 209 more
+wrong; 2026-11-28).
 
 Repeated-item bans (`write_ban_repeats=8`, `decode.item_bans`): the 80-step adapter ends few calls and repeats an
 item until the budget (293 of the 390 evaluation calls ran to it); with the bans a call that would write an item
