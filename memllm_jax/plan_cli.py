@@ -140,13 +140,14 @@ def plan_decode(cfg, lora, mesh, batch: int, cache_len: int) -> Plan:
     graphdef, state = abstract_model(cfg, lora, mesh)
     cache = jax.eval_shape(lambda: init_cache(cfg, batch, cache_len))
     cache_sh = cache_shardings(cfg, mesh, batch, cache_len)
-    k = cache.k_LxBxSxKxH
-    if cfg.scan_layers:
-        kv = jax.ShapeDtypeStruct(k.shape, k.dtype, sharding=cache_sh.k_LxBxSxKxH)
-    else:
-        layer_sh = row_sharding(cache_sh.k_LxBxSxKxH)
-        kv = tuple(jax.ShapeDtypeStruct(k.shape[1:], k.dtype, sharding=layer_sh) for _ in range(cfg.n_layers))
-    cache = KVCache(kv, kv, jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=cache_sh.lengths_B))
+    def loop_form(x, sharding):  # stacked, or a tuple of per-layer arrays
+        if cfg.scan_layers:
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+        return tuple(jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=row_sharding(sharding))
+                     for _ in range(cfg.n_layers))
+
+    cache = KVCache(loop_form(cache.k_LxBxKxHxS, cache_sh.k_LxBxKxHxS), loop_form(cache.v_LxBxKxSxH, cache_sh.v_LxBxKxSxH),
+                    jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=cache_sh.lengths_B))
     tokens = jax.ShapeDtypeStruct((batch, 1), jnp.int32, sharding=batch_sharding(mesh))
 
     def decode(state, cache, tokens_Bx1):

@@ -91,7 +91,7 @@ def _check_state_matches_fresh_context(ctrl, results):
         cache, logits = prefill(graphdef, params, MODEL.make_cache(1, 128), jnp.zeros((1, TOK.vocab_size)), [ids])
         np.testing.assert_allclose(np.asarray(s.logits_BxV[b]), np.asarray(logits[0]), atol=1e-5)
         np.testing.assert_allclose(np.asarray(s.logits_BxV[b]), full_logits(ids)[-1], atol=1e-5)
-        for got, ref in ((s.cache.k_LxBxSxKxH, cache.k_LxBxSxKxH), (s.cache.v_LxBxSxKxH, cache.v_LxBxSxKxH)):
+        for got, ref in zip(s.cache.slot_major(), cache.slot_major()):
             np.testing.assert_allclose(np.asarray(got[:, b, :n]), np.asarray(ref[:, 0, :n]), atol=1e-5)
 
 

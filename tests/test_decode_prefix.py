@@ -64,10 +64,10 @@ def test_shared_prefill_equals_whole_prefill_on_the_real_decoder():
     np.testing.assert_array_equal(np.asarray(got.lengths_B), [len(r) for r in rows[:n_active]] + [0])
     for b in range(n_active):
         n = len(rows[b])
-        for name in ("k_LxBxSxKxH", "v_LxBxSxKxH"):
-            np.testing.assert_allclose(np.asarray(getattr(got, name))[:, b, :n], np.asarray(getattr(want, name))[:, b, :n],
+        for name, got_LxBxSxKxH, want_LxBxSxKxH in zip("kv", got.slot_major(), want.slot_major()):
+            np.testing.assert_allclose(np.asarray(got_LxBxSxKxH)[:, b, :n], np.asarray(want_LxBxSxKxH)[:, b, :n],
                                        atol=1e-5, err_msg=f"row {b} {name}")
-        assert not np.asarray(got.k_LxBxSxKxH)[:, b, n:].any()  # slots past the row stay empty
+            assert not np.asarray(got_LxBxSxKxH)[:, b, n:].any()  # slots past the row stay empty
     np.testing.assert_allclose(np.asarray(got_logits)[:n_active], np.asarray(want_logits)[:n_active], atol=1e-4)
     assert not np.asarray(got_logits)[n_active:].any()
 

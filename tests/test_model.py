@@ -99,10 +99,10 @@ def test_cache_write_past_end_is_dropped():
     cache = init_cache(CFG, 1, 4)
     tok = jnp.zeros((1, 3), jnp.int32)
     _, cache = fwd(model, tok, jnp.arange(3)[None], cache=cache)
-    k_before = np.asarray(cache.k_LxBxSxKxH)
+    k_before = np.asarray(cache.slot_major()[0])
     _, cache2 = fwd(model, tok, jnp.arange(3, 6)[None], cache=cache)
     # Slot 3 is written; slots 0..2 are untouched (no clamping of the write position).
-    np.testing.assert_array_equal(np.asarray(cache2.k_LxBxSxKxH)[:, :, :3], k_before[:, :, :3])
+    np.testing.assert_array_equal(np.asarray(cache2.slot_major()[0])[:, :, :3], k_before[:, :, :3])
 
 
 def test_bfloat16_params_and_compute_close_to_float32():
@@ -117,7 +117,7 @@ def test_bfloat16_params_and_compute_close_to_float32():
     assert l16.dtype == jnp.float32
     assert float(jnp.abs(l16 - l32).max()) < 0.25 * float(jnp.abs(l32).max())
     cache = init_cache(cfg16, 2, 12)
-    assert cache.k_LxBxSxKxH.dtype == jnp.bfloat16
+    assert cache.k_LxBxKxHxS.dtype == cache.v_LxBxKxSxH.dtype == jnp.bfloat16
 
 
 def test_remat_same_values_and_grads():

@@ -96,12 +96,13 @@ def test_cached_decoding_equals_unrolled_in_both_cache_forms():
         for i in range(6, 10):
             logits, cache = fwd(model, tokens[:, i:i + 1], cache.lengths_B[:, None], None, cache)
             steps.append(logits)
-        assert isinstance(cache.k_LxBxSxKxH, tuple) == layered
+        assert isinstance(cache.k_LxBxKxHxS, tuple) == layered
         results.append((steps, stack_cache(cache)))
     for steps, cache in results[1:]:
         for a, b in zip(results[0][0], steps):
             np.testing.assert_allclose(a, b, atol=1e-5)
-        np.testing.assert_allclose(results[0][1].k_LxBxSxKxH, cache.k_LxBxSxKxH, atol=1e-5)
+        np.testing.assert_allclose(results[0][1].k_LxBxKxHxS, cache.k_LxBxKxHxS, atol=1e-5)
+        np.testing.assert_allclose(results[0][1].v_LxBxKxSxH, cache.v_LxBxKxSxH, atol=1e-5)
         np.testing.assert_array_equal(results[0][1].lengths_B, cache.lengths_B)
 
 

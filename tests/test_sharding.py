@@ -127,7 +127,8 @@ def test_sharded_cache_decoding_matches(reference):
     mesh = make_mesh(MeshConfig(1, 4, 2))
     sharded = jax.device_put(state, state_shardings(state, mesh))
     cache = jax.device_put(init_cache(CFG, 8, 16), cache_shardings(CFG, mesh, 8, 16))
-    assert cache.k_LxBxSxKxH.sharding.spec[1] == "fsdp" and cache.k_LxBxSxKxH.sharding.spec[3] == "tensor"
+    for kv in (cache.k_LxBxKxHxS, cache.v_LxBxKxSxH):  # rows over "fsdp", kv heads over "tensor"
+        assert tuple(kv.sharding.spec)[:3] == (None, "fsdp", "tensor")
 
     @jax.jit
     def step(state, tokens, positions, mask, cache):

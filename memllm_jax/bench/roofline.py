@@ -23,9 +23,8 @@ Executed FLOPs, what the write path computes (it pads, so executed >= useful):
   a prefill call of B rows x W tokens (W bucketed, `decode.loop.bucket`; padding rows and tokens included)
       attending A cache slots: B W n_layers 2P + B 2DV + n_layers 4NH B W A (logits at each row's last token);
       `decode.prefix.prefill_shared` is two such calls (trunk rows, then every row's rest);
-  a decode step runs all B rows (batch padding and finished rows too) over the whole cache of S slots, with the
-      one-token attention's block-diagonal query (K times the head-by-head multiply-adds, `mistral.Attention`):
-      B (n_layers (2P + 4NHK S) + 2DV); the loop runs max_i(g_i + [row i stopped at a cut]) steps.
+  a decode step runs all B rows (batch padding and finished rows too) over the whole cache of S slots:
+      B (n_layers (2P + 4NH S) + 2DV); the loop runs max_i(g_i + [row i stopped at a cut]) steps.
   refilled (`decode.refill`): a pool of B rows over the whole stream (S fits its longest prompt); row i runs
       g_i + [stopped at a cut] steps; before each loop call the host prefills the new prompts in batches of
       power-of-two rows (`refill.fill_sizes`, shared prefixes as above) and the call runs until enough rows
@@ -126,9 +125,8 @@ def prefill_call_flops(cfg, rows: int, width: int, slots: int) -> float:
 
 
 def decode_step_flops(cfg, rows: int, slots: int) -> float:
-    """One write-loop step: every row feeds one token and attends to all `slots` slots of the cache through the
-    block-diagonal query (n_kv_heads times the head-by-head multiply-adds)."""
-    return rows * (body_flops(cfg) + head_flops(cfg)) + cfg.n_kv_heads * attention_flops(cfg, rows * slots)
+    """One write-loop step: every row feeds one token and attends to all `slots` slots of the cache."""
+    return rows * (body_flops(cfg) + head_flops(cfg)) + attention_flops(cfg, rows * slots)
 
 
 def _prefill_flops(cfg, lengths: np.ndarray, new: Sequence[int], max_len: int) -> float:

@@ -51,19 +51,16 @@ def _prefill_impl(graphdef, params, cache, logits_BxV, tokens_BxL, n_B, attend=N
     this prefill fits in them; later slots are neither read nor written), then put them back. Prefill
     attention is batched (B x K) small matmuls, slow on CPU, so a 128-token prompt in a 192-slot cache
     should not attend to 192 slots."""
-    from memllm_jax.model.mistral import KVCache
-
     model = merge(graphdef, params)
     full = cache
     if attend is not None:
-        cache = KVCache(full.k_LxBxSxKxH[:, :, :attend], full.v_LxBxSxKxH[:, :, :attend], full.lengths_B)
+        cache = full.first_slots(attend)
     L = tokens_BxL.shape[1]
     mask_BxL = jnp.arange(L)[None, :] < n_B[:, None]
     positions_BxL = cache.lengths_B[:, None] + jnp.arange(L, dtype=jnp.int32)[None, :]
     last_BxV, cache = _last_logits(model, tokens_BxL, positions_BxL, mask_BxL, cache, jnp.maximum(n_B - 1, 0))
     if attend is not None:
-        cache = KVCache(full.k_LxBxSxKxH.at[:, :, :attend].set(cache.k_LxBxSxKxH),
-                        full.v_LxBxSxKxH.at[:, :, :attend].set(cache.v_LxBxSxKxH), cache.lengths_B)
+        cache = full.with_first_slots(cache)
     return cache, jnp.where((n_B > 0)[:, None], last_BxV, logits_BxV)
 
 
@@ -78,7 +75,7 @@ def _attend_slots(cache, n: np.ndarray, L: int) -> int | None:
     prompt), else the next power of two >= the longest resulting row; None = the whole cache."""
     from memllm_jax.model.mistral import KVCache
 
-    if not isinstance(cache, KVCache) or isinstance(cache.k_LxBxSxKxH, (tuple, list)):
+    if not isinstance(cache, KVCache) or isinstance(cache.k_LxBxKxHxS, (tuple, list)):
         return None
     need = int((host(cache.lengths_B) + n).max(initial=0))
     attend = L if need <= L else MIN_BUCKET
@@ -346,7 +343,7 @@ def read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec, server: int 
     from memllm_jax.model.mistral import KVCache
 
     attend = None
-    if isinstance(s.cache, KVCache) and not isinstance(s.cache.k_LxBxSxKxH, (tuple, list)):
+    if isinstance(s.cache, KVCache) and not isinstance(s.cache.k_LxBxKxHxS, (tuple, list)):
         if longest is None:
             longest = int(host(s.cache.lengths_B).max(initial=0))
         attend = 2 * MIN_BUCKET
@@ -362,12 +359,10 @@ def read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec, server: int 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec", "attend"), donate_argnames=("s",))
 def _read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec, attend: int | None,
                 server_id=None) -> tuple[st.DecodeState, jax.Array]:
-    from memllm_jax.model.mistral import KVCache
-
     model = merge(graphdef, params)
     full = s.cache
     if attend is not None:
-        s = s.replace(cache=KVCache(full.k_LxBxSxKxH[:, :, :attend], full.v_LxBxSxKxH[:, :, :attend], full.lengths_B))
+        s = s.replace(cache=full.first_slots(attend))
 
     def cond(carry):
         i, s = carry
@@ -387,8 +382,7 @@ def _read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec, attend: int
     s = jax.lax.while_loop(cond, body, (jnp.int32(0), s.replace(cache=_layered(s.cache, model))))[1]
     cache = _stacked(s.cache)
     if attend is not None:
-        cache = KVCache(full.k_LxBxSxKxH.at[:, :, :attend].set(cache.k_LxBxSxKxH),
-                        full.v_LxBxSxKxH.at[:, :, :attend].set(cache.v_LxBxSxKxH), cache.lengths_B)
+        cache = full.with_first_slots(cache)
     s = s.replace(cache=cache)
     return s, st.pack_rows(s)
 

@@ -115,10 +115,9 @@ def _graft(trunk, trunk_logits_TxV, src_B, shared_B, is_trunk_B):
     """Rows of a new cache: row b holds trunk `src_B[b]`'s first `shared_B[b]` slots (zeros after)."""
     from memllm_jax.model.mistral import KVCache
 
-    S = trunk.k_LxBxSxKxH.shape[2]
-    keep_1xBxSx1x1 = (jnp.arange(S)[None, :] < shared_B[:, None])[None, :, :, None, None]
-    k = jnp.where(keep_1xBxSx1x1, jnp.take(trunk.k_LxBxSxKxH, src_B, axis=1), 0)
-    v = jnp.where(keep_1xBxSx1x1, jnp.take(trunk.v_LxBxSxKxH, src_B, axis=1), 0)
+    keep_BxS = jnp.arange(trunk.max_len)[None, :] < shared_B[:, None]
+    k = jnp.where(keep_BxS[None, :, None, None, :], jnp.take(trunk.k_LxBxKxHxS, src_B, axis=1), 0)
+    v = jnp.where(keep_BxS[None, :, None, :, None], jnp.take(trunk.v_LxBxKxSxH, src_B, axis=1), 0)
     logits_BxV = jnp.where(is_trunk_B[:, None], jnp.take(trunk_logits_TxV, src_B, axis=0), 0.0)
     return KVCache(k, v, shared_B.astype(jnp.int32)), logits_BxV
 

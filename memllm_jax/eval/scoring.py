@@ -38,11 +38,11 @@ class SeqScores:
 
 @dataclasses.dataclass
 class PrefixKV:
-    """The keys / values a sequence left in the cache (layers x tokens x kv heads x head dim, on the host), so a
-    continuation of any of its prefixes is scored without encoding that prefix again."""
+    """The keys / values a sequence left in the cache (on the host, in the cache's layout: `KVCache`, T tokens), so
+    a continuation of any of its prefixes is scored without encoding that prefix again."""
 
-    k_LxTxKxH: np.ndarray
-    v_LxTxKxH: np.ndarray
+    k_LxKxHxT: np.ndarray
+    v_LxKxTxH: np.ndarray
 
 
 class Scorer:
@@ -122,11 +122,12 @@ class Scorer:
             L = _bucket(max(len(s) for s in chunk))
             tokens, mask = self._pad(chunk, L)
             lp, lmr, am, cache = self._score_cached(self.state, tokens, mask, self._empty_cache(L))
-            lp, lmr, am, k, v = jax.device_get((lp, lmr, am, cache.k_LxBxSxKxH, cache.v_LxBxSxKxH))
+            lp, lmr, am, k, v = jax.device_get((lp, lmr, am, cache.k_LxBxKxHxS, cache.v_LxBxKxSxH))
             for b, s in enumerate(chunk):
                 n = len(s) - 1
                 scores = SeqScores(lp[b, :n].astype(np.float64), lmr[b, :n].astype(np.float64), am[b, :n])
-                scores.kv = PrefixKV(np.ascontiguousarray(k[:, b, :len(s)]), np.ascontiguousarray(v[:, b, :len(s)]))
+                scores.kv = PrefixKV(np.ascontiguousarray(k[:, b, ..., :len(s)]),
+                                     np.ascontiguousarray(v[:, b, :, :len(s)]))
                 out.append(scores)
         return out
 
@@ -149,18 +150,11 @@ class Scorer:
             chunk = items[start:start + self.batch_size]
             S = _bucket(max(P + len(c) for _, P, c in chunk))
             Lc = _bucket(max(len(c) for _, _, c in chunk), 16)
-            first = chunk[0][0].kv.k_LxTxKxH
-            k = np.zeros((first.shape[0], self.batch_size, S, *first.shape[2:]), first.dtype)
-            v = np.zeros_like(k)
-            lengths = np.zeros(self.batch_size, np.int32)
-            for b, (prefix, P, _) in enumerate(chunk):
+            for prefix, P, _ in chunk:
                 if not 0 < P <= len(prefix.lp_mr):
                     raise ValueError(f"continuation after {P} tokens of a kept sequence of {len(prefix.lp_mr) + 1}: "
                                      "the kept scores must reach past the prefix")
-                k[:, b, :P] = prefix.kv.k_LxTxKxH[:, :P]
-                v[:, b, :P] = prefix.kv.v_LxTxKxH[:, :P]
-                lengths[b] = P
-            cache = type(self._empty_cache(1))(jnp.asarray(k), jnp.asarray(v), jnp.asarray(lengths))
+            cache = _with_prefixes(self._empty_cache(S), [prefix.kv for prefix, _, _ in chunk], [P for _, P, _ in chunk])
             tokens, mask = self._pad([list(c) for _, _, c in chunk], Lc)
             lp, lmr, am, _ = jax.device_get(self._score_cached(self.state, tokens, mask, cache))
             for b, (prefix, P, c) in enumerate(chunk):
@@ -249,10 +243,10 @@ def _greedy(graphdef, params, cache, logits_BxV, stops_S, idle_B, max_new: int):
 
 def _with_prefixes(cache, kvs: Sequence[PrefixKV], lengths: Sequence[int]):
     """`cache` (empty) holding the first lengths[b] kept keys / values of kvs[b] in row b."""
-    k, v = np.array(cache.k_LxBxSxKxH), np.array(cache.v_LxBxSxKxH)
+    k, v = np.array(cache.k_LxBxKxHxS), np.array(cache.v_LxBxKxSxH)
     lengths_B = np.zeros(k.shape[1], np.int32)
     for b, (kv, P) in enumerate(zip(kvs, lengths)):
-        k[:, b, :P] = kv.k_LxTxKxH[:, :P]
-        v[:, b, :P] = kv.v_LxTxKxH[:, :P]
+        k[:, b, ..., :P] = kv.k_LxKxHxT[..., :P]
+        v[:, b, :, :P] = kv.v_LxKxTxH[:, :, :P]
         lengths_B[b] = P
     return type(cache)(jnp.asarray(k), jnp.asarray(v), jnp.asarray(lengths_B))

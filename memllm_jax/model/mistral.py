@@ -27,44 +27,67 @@ NEG_INF = float(jnp.finfo(jnp.float32).min)
 
 @struct.dataclass
 class KVCache:
-    """Keys/values of every layer; slot index == absolute position; `lengths_B` valid slots per row."""
+    """Keys/values of every layer; slot index == absolute position; `lengths_B` valid slots per row.
 
-    k_LxBxSxKxH: jax.Array
-    v_LxBxSxKxH: jax.Array
+    Keys are stored slots-last (L x B x K x H x S), values slots before the head dim (L x B x K x S x H): per row
+    and kv head a step's scores are then the plain product (G x H)(H x S) and its output (G x S)(S x H), with no
+    transposed copy of the cache. On a 2-core CPU the one-token attention of 30 layers at 64 rows x 512 slots
+    takes ~150 ms this way against ~300 ms on a slots-major (B x S x K x H) cache, and 2-2.7x less from 1 to 64
+    rows and 128 to 512 slots (results_log, session 38); a key layout with the sequence axis last is also one of
+    MaxText's decode cache orders."""
+
+    k_LxBxKxHxS: jax.Array
+    v_LxBxKxSxH: jax.Array
     lengths_B: jax.Array
 
     @property
     def max_len(self) -> int:
-        k = self.k_LxBxSxKxH
-        return k[0].shape[1] if isinstance(k, (tuple, list)) else k.shape[2]
+        k = self.k_LxBxKxHxS
+        return k[0].shape[-1] if isinstance(k, (tuple, list)) else k.shape[-1]
+
+    def first_slots(self, n: int) -> "KVCache":
+        """The first `n` slots of a stacked cache (a decode step's cost follows the slots it attends to)."""
+        return KVCache(self.k_LxBxKxHxS[..., :n], self.v_LxBxKxSxH[:, :, :, :n], self.lengths_B)
+
+    def with_first_slots(self, part: "KVCache") -> "KVCache":
+        """This cache with its first slots replaced by those of `part` (a `first_slots` cache run on) and
+        `part`'s lengths."""
+        n = part.max_len
+        return KVCache(self.k_LxBxKxHxS.at[..., :n].set(part.k_LxBxKxHxS),
+                       self.v_LxBxKxSxH.at[:, :, :, :n].set(part.v_LxBxKxSxH), part.lengths_B)
+
+    def slot_major(self) -> tuple[jax.Array, jax.Array]:
+        """`(k_LxBxSxKxH, v_LxBxSxKxH)` of a stacked cache: slot s of row b is `[:, b, s]` (for inspection)."""
+        return (jnp.moveaxis(self.k_LxBxKxHxS, -1, 2), jnp.moveaxis(self.v_LxBxKxSxH, 3, 2))
 
 
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int | None = None, dtype=None) -> KVCache:
     """An empty cache (all lengths 0) of `max_len` slots (default `cfg.max_seq_len`)."""
     max_len = cfg.max_seq_len if max_len is None else max_len
     dtype = jnp.dtype(cfg.compute_dtype if dtype is None else dtype)
-    shape = (cfg.n_layers, batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
-    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch_size,), jnp.int32))
+    L, B, K, H = cfg.n_layers, batch_size, cfg.n_kv_heads, cfg.head_dim
+    return KVCache(jnp.zeros((L, B, K, H, max_len), dtype), jnp.zeros((L, B, K, max_len, H), dtype),
+                   jnp.zeros((batch_size,), jnp.int32))
 
 
 def unstack_cache(cache: KVCache) -> KVCache:
-    """The same cache with `k_LxBxSxKxH` / `v_LxBxSxKxH` as tuples of per-layer B x S x K x H arrays, which
-    the model also accepts (and returns in the same form). Decode loops carry this form for unrolled models:
-    each layer then attends to its own buffer with no per-step slice of the stacked array. A scanned model
-    given this form runs its blocks as a Python loop over static slices of its stacked parameters (as fast
-    as the unrolled model on CPU, but every layer's gathered weights are live at once, so decode loops keep
-    a scanned model's cache stacked). `stack_cache` undoes it."""
-    if isinstance(cache.k_LxBxSxKxH, (tuple, list)):
+    """The same cache with `k_LxBxKxHxS` / `v_LxBxKxSxH` as tuples of per-layer arrays (B x K x H x S /
+    B x K x S x H), which the model also accepts (and returns in the same form). Decode loops carry this form for
+    unrolled models: each layer then attends to its own buffer with no per-step slice of the stacked array. A
+    scanned model given this form runs its blocks as a Python loop over static slices of its stacked parameters
+    (as fast as the unrolled model on CPU, but every layer's gathered weights are live at once, so decode loops
+    keep a scanned model's cache stacked). `stack_cache` undoes it."""
+    if isinstance(cache.k_LxBxKxHxS, (tuple, list)):
         return cache
-    L = cache.k_LxBxSxKxH.shape[0]
-    return KVCache(tuple(cache.k_LxBxSxKxH[i] for i in range(L)), tuple(cache.v_LxBxSxKxH[i] for i in range(L)),
+    L = cache.k_LxBxKxHxS.shape[0]
+    return KVCache(tuple(cache.k_LxBxKxHxS[i] for i in range(L)), tuple(cache.v_LxBxKxSxH[i] for i in range(L)),
                    cache.lengths_B)
 
 
 def stack_cache(cache: KVCache) -> KVCache:
-    if not isinstance(cache.k_LxBxSxKxH, (tuple, list)):
+    if not isinstance(cache.k_LxBxKxHxS, (tuple, list)):
         return cache
-    return KVCache(jnp.stack(cache.k_LxBxSxKxH), jnp.stack(cache.v_LxBxSxKxH), cache.lengths_B)
+    return KVCache(jnp.stack(cache.k_LxBxKxHxS), jnp.stack(cache.v_LxBxKxSxH), cache.lengths_B)
 
 
 class Linear(nnx.Module):
@@ -166,24 +189,30 @@ ATTENTION_IMPLEMENTATIONS = {"einsum": "einsum", "xla": "xla", "cudnn": "cudnn",
 "splash", "splash_interpret": the Pallas kernel of `memllm_jax/model/splash.py`)."""
 
 
-def grouped_attention(q_BxLxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxLxS, n_kv: int) -> jax.Array:
-    """Softmax attention as canonical batched matmuls over (B, K) with the G query heads of a kv head folded into
-    the rows (M = G * L): no repeated K/V, and XLA's CPU matmuls run ~2x faster than on 5-D einsums. Scores and
-    softmax in float32; the output has the query's dtype."""
+def grouped_attention(q_BxLxNxH, k_BxKxHxS, v_BxKxSxH, mask_BxLxS, n_kv: int) -> jax.Array:
+    """Softmax attention on keys / values in the cache's layout (`KVCache`) as canonical batched matmuls over
+    (B, K) with the G query heads of a kv head folded into the rows (M = G * L): no repeated K/V, and XLA's CPU
+    matmuls run ~2x faster than on 5-D einsums. Scores and softmax in float32; the output has the query's
+    dtype. A one-token step (L = 1) is the same two products with M = G."""
     B, L, N, H = q_BxLxNxH.shape
-    K, G, S = n_kv, N // n_kv, k_BxSxKxH.shape[1]
+    K, G, S = n_kv, N // n_kv, k_BxKxHxS.shape[-1]
     q_BxKxMxH = (q_BxLxNxH * jnp.asarray(H**-0.5, q_BxLxNxH.dtype)).reshape(B, L, K, G, H)
     q_BxKxMxH = q_BxKxMxH.transpose(0, 2, 3, 1, 4).reshape(B, K, G * L, H)
-    k_BxKxSxH = k_BxSxKxH.astype(q_BxKxMxH.dtype).transpose(0, 2, 1, 3)
-    v_BxKxSxH = v_BxSxKxH.astype(q_BxKxMxH.dtype).transpose(0, 2, 1, 3)
-    scores = jnp.einsum("BKMH,BKSH->BKMS", q_BxKxMxH, k_BxKxSxH, preferred_element_type=jnp.float32)
+    k_BxKxHxS = k_BxKxHxS.astype(q_BxKxMxH.dtype)
+    v_BxKxSxH = v_BxKxSxH.astype(q_BxKxMxH.dtype)
+    scores = jnp.einsum("BKMH,BKHS->BKMS", q_BxKxMxH, k_BxKxHxS, preferred_element_type=jnp.float32)
     scores_BxKxGxLxS = jnp.where(mask_BxLxS[:, None, None], scores.reshape(B, K, G, L, S), NEG_INF)
     probs_BxKxMxS = jax.nn.softmax(scores_BxKxGxLxS, axis=-1).astype(v_BxKxSxH.dtype).reshape(B, K, G * L, S)
     out_BxKxMxH = jnp.einsum("BKMS,BKSH->BKMH", probs_BxKxMxS, v_BxKxSxH)
     return out_BxKxMxH.reshape(B, K, G, L, H).transpose(0, 3, 1, 2, 4).reshape(B, L, K * G, H)
 
 
-def causal_blocks(q_BxLxNxH, k_BxLxKxH, v_BxLxKxH, mask_BxLxL, block: int, n_kv: int) -> jax.Array:
+def cache_layout(k_BxLxKxH, v_BxLxKxH) -> tuple[jax.Array, jax.Array]:
+    """New keys / values (B x L x K x H) in the cache's layout: `(k_BxKxHxL, v_BxKxLxH)`."""
+    return k_BxLxKxH.transpose(0, 2, 3, 1), v_BxLxKxH.transpose(0, 2, 1, 3)
+
+
+def causal_blocks(q_BxLxNxH, k_BxKxHxL, v_BxKxLxH, mask_BxLxL, block: int, n_kv: int) -> jax.Array:
     """`grouped_attention` of a cache-free forward (keys = the queries' own tokens), one block of `block` queries
     at a time against the keys up to the block's end. The skipped scores lie above the diagonal, where a key
     comes after its query: the causal mask drops them whenever positions increase along each segment (packed
@@ -193,7 +222,7 @@ def causal_blocks(q_BxLxNxH, k_BxLxKxH, v_BxLxKxH, mask_BxLxL, block: int, n_kv:
     outs = []
     for start in range(0, L, block):
         end = min(start + block, L)
-        outs.append(grouped_attention(q_BxLxNxH[:, start:end], k_BxLxKxH[:, :end], v_BxLxKxH[:, :end],
+        outs.append(grouped_attention(q_BxLxNxH[:, start:end], k_BxKxHxL[..., :end], v_BxKxLxH[:, :, :end],
                                       mask_BxLxL[:, start:end, :end], n_kv))
     return jnp.concatenate(outs, axis=1)
 
@@ -219,8 +248,8 @@ class Attention(nnx.Module):
     def __call__(self, x_BxLxD, cos_BxLxH, sin_BxLxH, mask_BxLxS, segments_BxL, cache_kv, write_BxL, deterministic):
         """`segments_BxL`: the splash kernel's segment ids (`splash_segments`; None unless the model runs
         splash attention without a cache: `mask_BxLxS` then carries the same mask for the other paths).
-        `cache_kv` is None (keys = the new tokens), `(k_LxBxSxKxH, v_LxBxSxKxH, layer)` (the stacked
-        caches of every layer and this layer's index) or `(k_BxSxKxH, v_BxSxKxH, None)` (this layer's own
+        `cache_kv` is None (keys = the new tokens), `(k_LxBxKxHxS, v_LxBxKxSxH, layer)` (the stacked
+        caches of every layer and this layer's index) or `(k_BxKxHxS, v_BxKxSxH, None)` (this layer's own
         arrays, see `unstack_cache`). The new keys/values are scattered straight into the given arrays
         (no per-layer copy and re-stack), so inside a jitted loop XLA updates the carried cache in place."""
         B, L, _ = x_BxLxD.shape
@@ -229,52 +258,40 @@ class Attention(nnx.Module):
         k_BxLxKxH = apply_rope(k_BxLxKxH, cos_BxLxH, sin_BxLxH)
         q_BxLxNxH = constrain(q_BxLxNxH, ("batch", "seq", "q_heads", "head_dim"))
         if cache_kv is None:
-            k_BxSxKxH, v_BxSxKxH = k_BxLxKxH, v_BxLxKxH
-            new_kv = (k_BxSxKxH, v_BxSxKxH)
+            new_kv = (k_BxLxKxH, v_BxLxKxH)
+            if segments_BxL is not None:  # splash, cache-free
+                out_BxLxNxH = splash_attention(
+                    q_BxLxNxH, k_BxLxKxH, v_BxLxKxH, segments_BxL, sliding_window=self.sliding_window,
+                    interpret=self.implementation == "splash_interpret", option=self.implementation)
+                return self.o(out_BxLxNxH, deterministic), new_kv
+            if self.implementation not in ("einsum", *SPLASH_OPTIONS):
+                out_BxLxNxH = jax.nn.dot_product_attention(
+                    q_BxLxNxH, k_BxLxKxH.astype(q_BxLxNxH.dtype), v_BxLxKxH.astype(q_BxLxNxH.dtype),
+                    mask=mask_BxLxS[:, None], implementation=self.implementation)
+                return self.o(out_BxLxNxH, deterministic), new_kv
+            k_BxKxHxS, v_BxKxSxH = cache_layout(k_BxLxKxH, v_BxLxKxH)
         else:
-            # Scatter the new keys/values at slots lengths_B[b] + i; out-of-range slots are dropped.
+            # Scatter the new keys/values at slots lengths_B[b] + i; out-of-range slots are dropped. The advanced
+            # indices (rows, slots) are split by the head slices, so the updates are indexed (B, L, K, H).
             k_all, v_all, layer = cache_kv
-            rows_Bx1 = jnp.arange(B)[:, None]
-            at = (rows_Bx1, write_BxL) if layer is None else (layer, rows_Bx1, write_BxL)
-            k_all = k_all.at[at].set(k_BxLxKxH.astype(k_all.dtype), mode="drop")
-            v_all = v_all.at[at].set(v_BxLxKxH.astype(v_all.dtype), mode="drop")
-            k_BxSxKxH, v_BxSxKxH = (k_all, v_all) if layer is None else (k_all[layer], v_all[layer])
+            rows_Bx1, S_ = jnp.arange(B)[:, None], slice(None)
+            k_at = (rows_Bx1, S_, S_, write_BxL) if layer is None else (layer, rows_Bx1, S_, S_, write_BxL)
+            v_at = (rows_Bx1, S_, write_BxL) if layer is None else (layer, rows_Bx1, S_, write_BxL)
+            k_all = k_all.at[k_at].set(k_BxLxKxH.astype(k_all.dtype), mode="drop")
+            v_all = v_all.at[v_at].set(v_BxLxKxH.astype(v_all.dtype), mode="drop")
+            k_BxKxHxS, v_BxKxSxH = (k_all, v_all) if layer is None else (k_all[layer], v_all[layer])
             new_kv = (k_all, v_all)
-        K, G, H = self.n_kv, self.group, self.head_dim
-        S = k_BxSxKxH.shape[1]
-        if L == 1:
-            # One new token (a decode step), on the cache in its stored layout (no transposed copy): the
-            # query becomes a block-diagonal (K*H) x (K*G) matrix, so the scores of all heads are one
-            # matmul per row over the cache's contiguous (S, K*H) view, and the output one more, whose
-            # K x K head blocks keep the diagonal. K times the multiply-adds of the head-by-head products,
-            # but on CPU ~2x faster at 16 rows x 384 slots than multiply-and-reduce (measured; XLA lowers
-            # the (B, K)-batched alternatives to many tiny matmuls). Off-diagonal terms are exact zeros.
-            eye_KxK = jnp.eye(K, dtype=jnp.float32)
-            q_BxKxGxH = (q_BxLxNxH * jnp.asarray(H**-0.5, q_BxLxNxH.dtype)).reshape(B, K, G, H).astype(jnp.float32)
-            q_BxCxD = jnp.einsum("BKGH,KJ->BKHJG", q_BxKxGxH, eye_KxK).reshape(B, K * H, K * G)
-            k_BxSxC = k_BxSxKxH.reshape(B, S, K * H).astype(jnp.float32)
-            scores_BxSxKxG = jnp.einsum("BSC,BCD->BSD", k_BxSxC, q_BxCxD).reshape(B, S, K, G)
-            scores_BxSxKxG = jnp.where(mask_BxLxS[:, 0, :, None, None], scores_BxSxKxG, NEG_INF)
-            probs_BxSxD = jax.nn.softmax(scores_BxSxKxG, axis=1).reshape(B, S, K * G)  # float32 sums
-            v_BxSxC = v_BxSxKxH.reshape(B, S, K * H).astype(jnp.float32)
-            out_BxKxGxKxH = jnp.einsum("BSD,BSC->BDC", probs_BxSxD, v_BxSxC).reshape(B, K, G, K, H)
-            out_BxKxGxH = jnp.einsum("BKGJH,KJ->BKGH", out_BxKxGxKxH, eye_KxK)
-            out_BxLxNxH = out_BxKxGxH.astype(q_BxLxNxH.dtype).reshape(B, 1, K * G, H)
-            return self.o(out_BxLxNxH, deterministic), new_kv
-        if segments_BxL is not None:  # splash, cache-free (with a cache it takes the einsum path below)
-            out_BxLxNxH = splash_attention(
-                q_BxLxNxH, k_BxSxKxH, v_BxSxKxH, segments_BxL, sliding_window=self.sliding_window,
-                interpret=self.implementation == "splash_interpret", option=self.implementation)
-            return self.o(out_BxLxNxH, deterministic), new_kv
-        if self.implementation not in ("einsum", *SPLASH_OPTIONS):
-            out_BxLxNxH = jax.nn.dot_product_attention(
-                q_BxLxNxH, k_BxSxKxH.astype(q_BxLxNxH.dtype), v_BxSxKxH.astype(q_BxLxNxH.dtype),
-                mask=mask_BxLxS[:, None], implementation=self.implementation)
-            return self.o(out_BxLxNxH, deterministic), new_kv
+            if self.implementation not in ("einsum", *SPLASH_OPTIONS):
+                out_BxLxNxH = jax.nn.dot_product_attention(  # in jax's layout, B x S x K x H
+                    q_BxLxNxH, jnp.moveaxis(k_BxKxHxS, -1, 1).astype(q_BxLxNxH.dtype),
+                    v_BxKxSxH.transpose(0, 2, 1, 3).astype(q_BxLxNxH.dtype),
+                    mask=mask_BxLxS[:, None], implementation=self.implementation)
+                return self.o(out_BxLxNxH, deterministic), new_kv
+        K = self.n_kv
         if cache_kv is None and 0 < self.query_block < L:
-            out_BxLxNxH = causal_blocks(q_BxLxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxLxS, self.query_block, K)
+            out_BxLxNxH = causal_blocks(q_BxLxNxH, k_BxKxHxS, v_BxKxSxH, mask_BxLxS, self.query_block, K)
         else:
-            out_BxLxNxH = grouped_attention(q_BxLxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxLxS, K)
+            out_BxLxNxH = grouped_attention(q_BxLxNxH, k_BxKxHxS, v_BxKxSxH, mask_BxLxS, K)
         return self.o(out_BxLxNxH, deterministic), new_kv
 
 
@@ -346,7 +363,7 @@ def unstack_blocks(stack: Block, n_layers: int) -> list[Block]:
 def _scan_blocks(stack: Block, cfg: ModelConfig, x_BxLxD, cos, sin, mask_BxLxS, segments_BxL, cache_kv, write_BxL,
                  deterministic):
     """Run the stacked blocks with `jax.lax.scan` (rematerialised by `cfg.remat_policy` when training).
-    `cache_kv` is None or the stacked `(k_LxBxSxKxH, v_LxBxSxKxH)`, carried whole and updated in place at the
+    `cache_kv` is None or the stacked `(k_LxBxKxHxS, v_LxBxKxSxH)`, carried whole and updated in place at the
     scanned layer index. Returns `(x_BxLxD, (k, v) or None)`; the blocks' dropout counters are updated."""
     graphdef, state = nnx.split(stack)
 
@@ -466,9 +483,9 @@ class Mistral(nnx.Module):
                                  f"'xla' or 'cudnn', not {cfg.attention!r}: the splash kernel masks by segment ids")
             segments_BxL = splash_segments(attn_mask_BxL, segment_ids_BxL)
 
-        layered = cache is not None and isinstance(cache.k_LxBxSxKxH, (tuple, list))
+        layered = cache is not None and isinstance(cache.k_LxBxKxHxS, (tuple, list))
         if cfg.scan_layers and not layered:  # training, prefill, one-shot forwards
-            kv = None if cache is None else (cache.k_LxBxSxKxH, cache.v_LxBxSxKxH)
+            kv = None if cache is None else (cache.k_LxBxKxHxS, cache.v_LxBxKxSxH)
             x_BxLxD, kv = _scan_blocks(self.layers, cfg, x_BxLxD, cos, sin, mask_BxLxS, segments_BxL, kv, write_BxL,
                                         deterministic)
             k_all, v_all = (None, None) if kv is None else kv
@@ -502,10 +519,10 @@ class Mistral(nnx.Module):
             run = nnx.remat(_run_block, static_argnums=(8,), policy=remat_policy(cfg))
         else:
             run = _run_block
-        layered = cache is not None and isinstance(cache.k_LxBxSxKxH, (tuple, list))
+        layered = cache is not None and isinstance(cache.k_LxBxKxHxS, (tuple, list))
         k_all = v_all = None
         if cache is not None:
-            k_all, v_all = cache.k_LxBxSxKxH, cache.v_LxBxSxKxH
+            k_all, v_all = cache.k_LxBxKxHxS, cache.v_LxBxKxSxH
             new_k, new_v = list(k_all) if layered else None, list(v_all) if layered else None
         blocks = unstack_blocks(self.layers, cfg.n_layers) if cfg.scan_layers else self.layers
         for i, block in enumerate(blocks):

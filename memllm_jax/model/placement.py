@@ -20,10 +20,12 @@ from memllm_jax.sharding import check_fits, logical_to_spec, state_shardings
 
 def cache_shardings(cfg: ModelConfig, mesh: Mesh, batch_size: int, max_len: int):
     """A KVCache of NamedShardings: batch over ("data", "fsdp"), kv heads over "tensor"."""
-    shape = (cfg.n_layers, batch_size, max_len, cfg.n_kv_heads, cfg.head_dim)
-    kv = NamedSharding(mesh, logical_to_spec((None, "batch", None, "kv_heads", None), shape, mesh, "KVCache"))
+    L, B, K, H = cfg.n_layers, batch_size, cfg.n_kv_heads, cfg.head_dim
+    axes = (None, "batch", "kv_heads", None, None)
+    k = NamedSharding(mesh, logical_to_spec(axes, (L, B, K, H, max_len), mesh, "KVCache.k_LxBxKxHxS"))
+    v = NamedSharding(mesh, logical_to_spec(axes, (L, B, K, max_len, H), mesh, "KVCache.v_LxBxKxSxH"))
     lengths = NamedSharding(mesh, logical_to_spec(("batch",), (batch_size,), mesh, "KVCache.lengths_B"))
-    return KVCache(kv, kv, lengths)
+    return KVCache(k, v, lengths)
 
 
 def abstract_model(cfg: ModelConfig, lora_cfg: LoraConfig | None = None, mesh: Mesh | None = None, seed: int = 0):
