@@ -22,6 +22,7 @@ Roofline seconds = useful / ceiling (`bench.ceiling`); "of roofline" = (useful /
 Executed FLOPs, what the write path computes (it pads, so executed >= useful):
   a prefill call of B rows x W tokens (W bucketed, `decode.loop.bucket`; padding rows and tokens included)
       attending A cache slots: B W n_layers 2P + B 2DV + n_layers 4NH B W A (logits at each row's last token);
+      `decode.loop.prefill` makes one such call, or one per group of rows of similar length (`prefill_calls`);
       `decode.prefix.prefill_shared` is two such calls (trunk rows, then every row's rest);
   a decode step runs all B rows (batch padding and finished rows too) over the whole cache of S slots:
       B (n_layers (2P + 4NH S) + 2DV); the loop runs max_i(g_i + [row i stopped at a cut]) steps.
@@ -130,11 +131,12 @@ def decode_step_flops(cfg, rows: int, slots: int) -> float:
 
 
 def _prefill_flops(cfg, lengths: np.ndarray, new: Sequence[int], max_len: int) -> float:
-    """`decode.loop.prefill` of `new[b]` tokens after `lengths[b]` cached ones: its pieces, bucketed widths and
-    attended slots (`_attend_slots`)."""
-    from memllm_jax.decode.loop import MAX_PREFILL, MIN_BUCKET, bucket
+    """`decode.loop.prefill` of `new[b]` tokens after `lengths[b]` cached ones: its pieces, and each piece's calls
+    (`prefill_calls`: rows, bucketed widths, attended slots)."""
+    from memllm_jax.decode.loop import MAX_PREFILL, prefill_calls
 
     new = np.asarray(new, np.int64)
+    lengths = np.asarray(lengths, np.int64)
     if new.max(initial=0) > MAX_PREFILL:
         total = 0.0
         for start in range(0, int(new.max()), MAX_PREFILL):
@@ -142,12 +144,9 @@ def _prefill_flops(cfg, lengths: np.ndarray, new: Sequence[int], max_len: int) -
             total += _prefill_flops(cfg, lengths, piece, max_len)
             lengths = lengths + piece
         return total
-    width = bucket(int(new.max(initial=1)), cap=max_len)
-    need = int((lengths + new).max(initial=0))
-    slots = width if need <= width else MIN_BUCKET
-    while slots < need:
-        slots *= 2
-    return prefill_call_flops(cfg, len(new), width, min(slots, max_len))
+    return sum(prefill_call_flops(cfg, len(new) if c.rows is None else len(c.rows), c.width,
+                                  max_len if c.attend is None else c.attend)
+               for c in prefill_calls(lengths, new, max_len))
 
 
 def _shared_prefill_flops(cfg, rows: Sequence[Sequence[int]], n_active: int, max_len: int) -> float:

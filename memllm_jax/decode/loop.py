@@ -70,30 +70,69 @@ _prefill_donating = jax.jit(_prefill_impl, static_argnames=("graphdef", "attend"
 invalid afterwards."""
 
 
-def _attend_slots(cache, n: np.ndarray, L: int) -> int | None:
-    """Slots a prefill of `n` tokens per row must see: the prefill width when every row is empty (a fresh
-    prompt), else the next power of two >= the longest resulting row; None = the whole cache."""
-    from memllm_jax.model.mistral import KVCache
-
-    if not isinstance(cache, KVCache) or isinstance(cache.k_LxBxKxHxS, (tuple, list)):
-        return None
-    need = int((host(cache.lengths_B) + n).max(initial=0))
+def _attend_slots(lengths_B: np.ndarray, n: np.ndarray, L: int, max_len: int) -> int | None:
+    """Slots a prefill of `n` tokens per row after `lengths_B` cached ones must see: the prefill width when every
+    row is empty (a fresh prompt), else the next power of two >= the longest resulting row; None = the whole
+    cache."""
+    need = int((lengths_B + n).max(initial=0))
     attend = L if need <= L else MIN_BUCKET
     while attend < need:
         attend *= 2
-    return attend if attend < cache.max_len else None
+    return attend if attend < max_len else None
 
 
 MAX_PREFILL = 256
 """Longest prefill call: longer inputs go in pieces (bounds the B x L x V logits of one call)."""
+MIN_GROUP = 8
+"""Fewest rows of a prefill call on some of the cache's rows (`prefill_calls`)."""
+CALL_COST_TOKENS = 64
+"""What one more prefill call costs, counted in padded tokens (dispatch, and copying its rows of the cache)."""
+
+
+class PrefillCall(NamedTuple):
+    """One jitted prefill call: `rows` (cache rows, `B` marking a padding row; None = every row, in place), each
+    fed up to `width` tokens, attending to the first `attend` cache slots (None = all)."""
+
+    rows: np.ndarray | None
+    width: int
+    attend: int | None
+
+
+def prefill_calls(lengths_B: np.ndarray, n_B: np.ndarray, max_len: int) -> list[PrefillCall]:
+    """How `prefill` runs `n_B[b]` (<= MAX_PREFILL) new tokens after `lengths_B[b]` cached ones in a cache of
+    `max_len` slots. Prefill is compute-bound here, so every row costs the call's (bucketed) width: one call over
+    all rows pads a 35-token prompt to the 129-token one's 136 and computes the empty rows too. Instead the
+    non-empty rows, sorted by length, can go in groups of g rows (a power of two >= MIN_GROUP, below the batch),
+    each group at its own width; this picks whichever computes the fewest tokens (+ CALL_COST_TOKENS a call)."""
+    B = len(n_B)
+    width = bucket(int(n_B.max(initial=1)), cap=max_len)
+    best = [PrefillCall(None, width, _attend_slots(lengths_B, n_B, width, max_len))]
+    best_cost = B * width + CALL_COST_TOKENS
+    order = np.argsort(-n_B, kind="stable")[:int((n_B > 0).sum())]  # non-empty rows, longest first
+    g = MIN_GROUP
+    while g < B and len(order):
+        calls = []
+        for start in range(0, len(order), g):
+            rows = order[start:start + g]
+            w = bucket(int(n_B[rows].max()), cap=max_len)
+            calls.append(PrefillCall(np.concatenate([rows, np.full(g - len(rows), B)]), w,
+                                     _attend_slots(lengths_B[rows], n_B[rows], w, max_len)))
+        cost = sum(g * c.width + CALL_COST_TOKENS for c in calls)
+        if cost < best_cost:
+            best, best_cost = calls, cost
+        g *= 2
+    return best
 
 
 def prefill(graphdef, params, cache, logits_BxV, rows: Sequence[Sequence[int]], pad_id: int = 0,
             donate: bool = False):
     """Append `rows[b]` (may be empty) to each row's cache; returns the cache and the logits of the next
     token (unchanged for rows with nothing to append). The length is bucketed, so repeated memory round
-    trips reuse a few compiled shapes. `donate`: the given cache's buffers are updated in place and must not
-    be used afterwards."""
+    trips reuse a few compiled shapes; rows of very different lengths go in groups (`prefill_calls`; the
+    model's stacked `KVCache` only). `donate`: the given cache's buffers are updated in place and must not be
+    used afterwards."""
+    from memllm_jax.model.mistral import KVCache
+
     longest = max((len(r) for r in rows), default=0)
     if longest > MAX_PREFILL:
         for start in range(0, longest, MAX_PREFILL):
@@ -101,12 +140,40 @@ def prefill(graphdef, params, cache, logits_BxV, rows: Sequence[Sequence[int]], 
             cache, logits_BxV = prefill(graphdef, params, cache, logits_BxV, piece, pad_id, donate)
         return cache, logits_BxV
     n = np.array([len(r) for r in rows], np.int32)
-    L = bucket(int(n.max(initial=1)), cap=getattr(cache, "max_len", None))  # never wider than the cache
-    tokens = np.full((len(rows), L), pad_id, np.int32)
-    for b, r in enumerate(rows):
-        tokens[b, : len(r)] = r
-    run = _prefill_donating if donate else _prefill
-    return run(graphdef, params, cache, logits_BxV, tokens, n, attend=_attend_slots(cache, n, L))
+    if not isinstance(cache, KVCache) or isinstance(cache.k_LxBxKxHxS, (tuple, list)):
+        calls = [PrefillCall(None, bucket(int(n.max(initial=1)), cap=getattr(cache, "max_len", None)), None)]
+    else:
+        calls = prefill_calls(host(cache.lengths_B), n, cache.max_len)
+    B = len(rows)
+    for call in calls:
+        picked = np.arange(B) if call.rows is None else call.rows
+        n_G = np.array([n[b] if b < B else 0 for b in picked], np.int32)
+        tokens = np.full((len(picked), call.width), pad_id, np.int32)
+        for i, b in enumerate(picked):
+            if b < B:
+                tokens[i, : n[b]] = rows[b]
+        if call.rows is None:
+            run = _prefill_donating if donate else _prefill
+            cache, logits_BxV = run(graphdef, params, cache, logits_BxV, tokens, n_G, attend=call.attend)
+        else:
+            run = _prefill_rows_donating if donate else _prefill_rows
+            cache, logits_BxV = run(graphdef, params, cache, logits_BxV, jnp.asarray(call.rows, jnp.int32), tokens,
+                                    n_G, attend=call.attend)
+            donate = True  # the cache is this function's own from here on
+    return cache, logits_BxV
+
+
+def _prefill_rows_impl(graphdef, params, cache, logits_BxV, rows_G, tokens_GxL, n_G, attend=None):
+    """`_prefill_impl` on cache rows `rows_G` only (an index >= B is a padding row: read as empty, not written)."""
+    part = cache.take_rows(rows_G)
+    part_logits = jnp.take(logits_BxV, rows_G, axis=0, mode="fill", fill_value=0)
+    part, part_logits = _prefill_impl(graphdef, params, part, part_logits, tokens_GxL, n_G, attend)
+    return cache.put_rows(rows_G, part), logits_BxV.at[rows_G].set(part_logits, mode="drop")
+
+
+_prefill_rows = jax.jit(_prefill_rows_impl, static_argnames=("graphdef", "attend"))
+_prefill_rows_donating = jax.jit(_prefill_rows_impl, static_argnames=("graphdef", "attend"),
+                                 donate_argnames=("cache", "logits_BxV"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,7 @@ G = N / K query heads per kv head, M = G * L, H head dim, F MLP width, V vocab, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Sequence
 
@@ -55,6 +56,18 @@ class KVCache:
         n = part.max_len
         return KVCache(self.k_LxBxKxHxS.at[..., :n].set(part.k_LxBxKxHxS),
                        self.v_LxBxKxSxH.at[:, :, :, :n].set(part.v_LxBxKxSxH), part.lengths_B)
+
+    def take_rows(self, rows_G: jax.Array) -> "KVCache":
+        """Rows `rows_G` of a stacked cache; an index past the last row reads as an empty row."""
+        take = functools.partial(jnp.take, indices=rows_G, mode="fill", fill_value=0)
+        return KVCache(take(self.k_LxBxKxHxS, axis=1), take(self.v_LxBxKxSxH, axis=1), take(self.lengths_B, axis=0))
+
+    def put_rows(self, rows_G: jax.Array, part: "KVCache") -> "KVCache":
+        """This stacked cache with rows `rows_G` replaced by `part`'s (a `take_rows` cache run on); indices past the
+        last row are dropped."""
+        return KVCache(self.k_LxBxKxHxS.at[:, rows_G].set(part.k_LxBxKxHxS, mode="drop"),
+                       self.v_LxBxKxSxH.at[:, rows_G].set(part.v_LxBxKxSxH, mode="drop"),
+                       self.lengths_B.at[rows_G].set(part.lengths_B, mode="drop"))
 
     def slot_major(self) -> tuple[jax.Array, jax.Array]:
         """`(k_LxBxSxKxH, v_LxBxSxKxH)` of a stacked cache: slot s of row b is `[:, b, s]` (for inspection)."""
