@@ -101,7 +101,7 @@ class PrefillCall(NamedTuple):
 def prefill_calls(lengths_B: np.ndarray, n_B: np.ndarray, max_len: int) -> list[PrefillCall]:
     """How `prefill` runs `n_B[b]` (<= MAX_PREFILL) new tokens after `lengths_B[b]` cached ones in a cache of
     `max_len` slots. Prefill is compute-bound here, so every row costs the call's (bucketed) width: one call over
-    all rows pads a 35-token prompt to the 129-token one's 136 and computes the empty rows too. Instead the
+    all rows pads a 35-token prompt to the 129-token one's width (160) and computes the empty rows too. Instead the
     non-empty rows, sorted by length, can go in groups of g rows (a power of two >= MIN_GROUP, below the batch),
     each group at its own width; this picks whichever computes the fewest tokens (+ CALL_COST_TOKENS a call)."""
     B = len(n_B)
