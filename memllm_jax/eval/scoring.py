@@ -154,7 +154,7 @@ class Scorer:
                 if not 0 < P <= len(prefix.lp_mr):
                     raise ValueError(f"continuation after {P} tokens of a kept sequence of {len(prefix.lp_mr) + 1}: "
                                      "the kept scores must reach past the prefix")
-            cache = _with_prefixes(self._empty_cache(S), [prefix.kv for prefix, _, _ in chunk], [P for _, P, _ in chunk])
+            cache = _with_prefixes(jax.eval_shape(lambda: self._empty_cache(S)), [prefix.kv for prefix, _, _ in chunk], [P for _, P, _ in chunk])
             tokens, mask = self._pad([list(c) for _, _, c in chunk], Lc)
             lp, lmr, am, _ = jax.device_get(self._score_cached(self.state, tokens, mask, cache))
             for b, (prefix, P, c) in enumerate(chunk):
@@ -242,8 +242,10 @@ def _greedy(graphdef, params, cache, logits_BxV, stops_S, idle_B, max_new: int):
 
 
 def _with_prefixes(cache, kvs: Sequence[PrefixKV], lengths: Sequence[int]):
-    """`cache` (empty) holding the first lengths[b] kept keys / values of kvs[b] in row b."""
-    k, v = np.array(cache.k_LxBxKxHxS), np.array(cache.v_LxBxKxSxH)
+    """An empty cache shaped like `cache` (an empty cache or its `jax.eval_shape`; built on the host, no device
+    copy) holding the first lengths[b] kept keys / values of kvs[b] in row b."""
+    k = np.zeros(cache.k_LxBxKxHxS.shape, cache.k_LxBxKxHxS.dtype)
+    v = np.zeros(cache.v_LxBxKxSxH.shape, cache.v_LxBxKxSxH.dtype)
     lengths_B = np.zeros(k.shape[1], np.int32)
     for b, (kv, P) in enumerate(zip(kvs, lengths)):
         k[:, b, ..., :P] = kv.k_LxKxHxT[..., :P]
