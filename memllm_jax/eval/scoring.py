@@ -154,7 +154,8 @@ class Scorer:
                 if not 0 < P <= len(prefix.lp_mr):
                     raise ValueError(f"continuation after {P} tokens of a kept sequence of {len(prefix.lp_mr) + 1}: "
                                      "the kept scores must reach past the prefix")
-            cache = _with_prefixes(jax.eval_shape(lambda: self._empty_cache(S)), [prefix.kv for prefix, _, _ in chunk], [P for _, P, _ in chunk])
+            cache_shape = jax.eval_shape(lambda: self._empty_cache(S))
+            cache = _with_prefixes(cache_shape, [prefix.kv for prefix, _, _ in chunk], [P for _, P, _ in chunk])
             tokens, mask = self._pad([list(c) for _, _, c in chunk], Lc)
             lp, lmr, am, _ = jax.device_get(self._score_cached(self.state, tokens, mask, cache))
             for b, (prefix, P, c) in enumerate(chunk):
