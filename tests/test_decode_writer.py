@@ -178,6 +178,7 @@ def test_is_grounded_needs_copied_names_and_a_known_relation():
     assert not is_grounded(t("Ada Lovelace", "married to", "William King"), context, sentence, {"spouse"})
     assert is_grounded(t("Ada Lovelace", "married to", "William King"), context, sentence, None)
     assert not is_grounded(t("Ada", "spouse", "Will"), context, sentence, None)  # whole words only
+    assert not is_grounded(t("William King", "spouse", "william  king"), context, sentence, None)  # itself
 
 
 def test_grounded_write_corpus_drops_names_not_in_the_text():

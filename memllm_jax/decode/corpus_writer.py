@@ -111,10 +111,14 @@ def _occurs(name: str, text: str) -> bool:
 def is_grounded(triple: protocol.Triple, context: str, sentence: str, relations: Collection[str] | None) -> bool:
     """A model-written triple is grounded when both its names occur (as whole words) in the text it was written
     from (`context`: the document up to and including the focus sentence), at least one of them in the focus
-    `sentence`, and its relation is a known relation type (when `relations` is given, normalised). Case and
-    whitespace are ignored."""
+    `sentence`, its two names differ, and its relation is a known relation type (when `relations` is given,
+    normalised). Case and whitespace are ignored. A name related to itself (`Openfire>>developer>>Openfire`, as an
+    undertrained writer emits for a sentence it cannot parse) almost never states a fact: 12 of Re-DocRED's 17,361
+    test triples have one name on both sides, two entities named alike (`Swedish>>official language>>Swedish`)."""
     context, sentence = _normalized(context), _normalized(sentence)
     subject, obj = _normalized(triple.subject), _normalized(triple.object)
+    if subject == obj:
+        return False
     if not (_occurs(subject, context) and _occurs(obj, context) and (_occurs(subject, sentence) or _occurs(obj, sentence))):
         return False
     return relations is None or _normalized(triple.relation) in relations
