@@ -64,28 +64,30 @@ def lm_record(doc: Document) -> dict:
 def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, *, pretext_sentences: int | None,
                    q_thr: int, max_queries: int, filter_ambiguous: bool, context_free: int = 0,
                    read_context_free: int = 0, question_form: int = 0, read_question_form: int = 0,
-                   misread_rate: float = 0.0, seed: int = 0) -> Iterator[tuple[str, dict]]:
+                   misread_rate: float = 0.0, write_evidence: bool = False, seed: int = 0) -> Iterator[tuple[str, dict]]:
     """`context_free`: extra write examples per document of one later sentence without its pretext
     (`write_examples.context_free_items`), marked `"context_free": true`; `read_context_free`: the same for read
     examples (`read_examples.context_free_records`); `question_form`: extra write examples per document of one
     triple asked as a question and answered (`write_examples.question_form_items`), marked `"question_form": true`;
     `read_question_form`: the same as read examples (`read_examples.question_form_records`); `misread_rate`: the
-    share of the read examples' query results replaced by a wrong entity (`read_examples.misread`)."""
+    share of the read examples' query results replaced by a wrong entity (`read_examples.misread`);
+    `write_evidence`: a write example's targets are only the triples its sentence is evidence for
+    (`write_examples`, "Evidence")."""
     stats.documents += 1
     if "write" in kinds:
-        for item in iter_write_items(doc, pretext_sentences):
+        for item in iter_write_items(doc, pretext_sentences, write_evidence):
             rec = write_record(doc, item)
             stats.add_write(rec)
             yield "write", rec
-        for item in context_free_items(doc, context_free, seed):
+        for item in context_free_items(doc, context_free, seed, write_evidence):
             rec = {**write_record(doc, item), "context_free": True}
             stats.add_write(rec)
             yield "write", rec
-        for item in question_form_items(doc, question_form, seed):
+        for item in question_form_items(doc, question_form, seed, write_evidence):
             rec = {**write_record(doc, item), "question_form": True}
             stats.add_write(rec)
             yield "write", rec
-        cov = write_coverage(doc, pretext_sentences)
+        cov = write_coverage(doc, pretext_sentences, write_evidence)
         stats.add_coverage(cov)
         for c in cov:
             if not c["sentences"]:
@@ -119,8 +121,8 @@ def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds
               query_fn_factory: Callable[[Callable[[], Iterable[Document]]], object] | None = None,
               pretext_sentences: int | None = 10, q_thr: int = 30, max_queries: int = 3, filter_ambiguous: bool = True,
               counterfactual: int = 0, context_free: int = 0, read_context_free: int = 0, question_form: int = 0,
-              read_question_form: int = 0, misread_rate: float = 0.0, fmt: str = "jsonl", limit: int | None = None,
-              seed: int = 0) -> Stats:
+              read_question_form: int = 0, misread_rate: float = 0.0, write_evidence: bool = False, fmt: str = "jsonl",
+              limit: int | None = None, seed: int = 0) -> Stats:
     out = pathlib.Path(out_dir)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -129,8 +131,8 @@ def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds
                           pretext_sentences=pretext_sentences, q_thr=q_thr, max_queries=max_queries,
                           filter_ambiguous=filter_ambiguous, counterfactual=counterfactual, context_free=context_free,
                           read_context_free=read_context_free, question_form=question_form,
-                          read_question_form=read_question_form, misread_rate=misread_rate, fmt=fmt, limit=limit,
-                          seed=seed)
+                          read_question_form=read_question_form, misread_rate=misread_rate,
+                          write_evidence=write_evidence, fmt=fmt, limit=limit, seed=seed)
     except BaseException:
         if created:  # the writers removed their temp files; leave no empty output directory either
             with contextlib.suppress(OSError):
@@ -141,7 +143,7 @@ def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds
 def _build_all(input_path: str, out: pathlib.Path, labels: Mapping[str, str], *, kinds: set[str], query_fn_factory,
                pretext_sentences: int | None, q_thr: int, max_queries: int, filter_ambiguous: bool, counterfactual: int,
                context_free: int, read_context_free: int, question_form: int, read_question_form: int,
-               misread_rate: float, fmt: str, limit: int | None, seed: int) -> Stats:
+               misread_rate: float, write_evidence: bool, fmt: str, limit: int | None, seed: int) -> Stats:
     t0 = time.perf_counter()
     streams: list[tuple[int | None, Callable[[], Iterator[Document]]]] = [
         (None, lambda: iter_documents(input_path, labels, limit))]
@@ -170,7 +172,7 @@ def _build_all(input_path: str, out: pathlib.Path, labels: Mapping[str, str], *,
                                                 q_thr=q_thr, max_queries=max_queries, filter_ambiguous=filter_ambiguous,
                                                 context_free=context_free, read_context_free=read_context_free,
                                                 question_form=question_form, read_question_form=read_question_form,
-                                                misread_rate=misread_rate, seed=seed):
+                                                misread_rate=misread_rate, write_evidence=write_evidence, seed=seed):
                     if variant is not None:
                         rec["variant"] = variant
                     writers[kind].write(rec)

@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--counterfactual", type=int, default=0, help="also build N counterfactual variants (§4.1)")
     b.add_argument("--context-free", type=int, default=0,
                    help="also N write examples per document of one later sentence without its pretext")
+    b.add_argument("--write-evidence", action="store_true",
+                   help="a write example's targets are only the triples its sentence is evidence for (annotated, or "
+                        "naming both entities when a relation has no annotation), as the paper builds them")
     b.add_argument("--read-context-free", type=int, default=0,
                    help="also the read examples of N later sentences per document, each without the text before it")
     b.add_argument("--question-form", type=int, default=0,
@@ -173,7 +176,7 @@ def _build(args) -> int:
                             context_free=args.context_free, read_context_free=args.read_context_free,
                             question_form=args.question_form,
                             read_question_form=args.read_question_form, misread_rate=args.misread_rate,
-                            fmt=args.format, limit=args.limit, seed=args.seed)
+                            write_evidence=args.write_evidence, fmt=args.format, limit=args.limit, seed=args.seed)
     print(stats.report(f"examples from {args.input}"))
     return 0
 

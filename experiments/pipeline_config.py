@@ -46,6 +46,10 @@ class PipelineConfig:
     """Extra memory-write training examples per training document: one later sentence with its pretext dropped
     (`data_gen.write_examples.context_free_items`). Without them the only lone sentences the model sees are
     documents' first sentences, and it writes a biography's opening facts for any lone sentence about a person."""
+    write_evidence: bool = False
+    """A memory-write training example's targets are only the triples its sentence is evidence for (annotated, or
+    for an unannotated relation a sentence naming both entities: `data_gen.write_examples`, "Evidence"), as the paper
+    builds them; False also gives a triple to every later sentence that names one entity with the other in reach."""
     read_context_free: int = 0
     """Extra memory-read training examples per training document: the reads of one later sentence with the text
     before it dropped (`data_gen.read_examples.context_free_records`). Without them every read follows a
@@ -179,7 +183,7 @@ def _hash(obj: Any) -> str:
 
 _DEPENDS = {
     "corpus": ("corpus", "eval_corpus", "synth_docs", "synth_seed", "heldout_world", "labels", "eval_docs",
-               "outside_docs", "write_context_free", "read_context_free", "write_question_form",
+               "outside_docs", "write_context_free", "write_evidence", "read_context_free", "write_question_form",
                "read_question_form", "read_misread_rate"),
     "tokenizer": ("base_model", "vocab_size", "tokenizer_texts"),
     "pretrain": ("pretrain_config",),

@@ -81,9 +81,10 @@ def stage_corpus(self):
     st_train = build_all(str(data / "train.json"), str(data / "train"), labels, kinds={"write", "read", "lm"},
                          context_free=cfg.write_context_free, read_context_free=cfg.read_context_free,
                          question_form=cfg.write_question_form, read_question_form=cfg.read_question_form,
-                         misread_rate=cfg.read_misread_rate, seed=cfg.synth_seed)
+                         misread_rate=cfg.read_misread_rate, write_evidence=cfg.write_evidence, seed=cfg.synth_seed)
     self.say(f"  building eval records for {len(split['eval'])} held-out documents")
-    build_all(str(data / "eval.json"), str(data / "eval"), labels, kinds={"eval", "write", "read"})
+    build_all(str(data / "eval.json"), str(data / "eval"), labels, kinds={"eval", "write", "read"},
+              write_evidence=cfg.write_evidence)
     from data_gen.overlap import heldout_overlap
     from memllm_jax.eval.records import load_eval_docs
 

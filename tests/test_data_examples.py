@@ -64,6 +64,29 @@ def test_write_examples_golden(doc):
     assert all(c["sentences"] for c in write_coverage(doc))
 
 
+def test_write_examples_with_evidence(doc):
+    """`evidence=True`: a sentence's targets are the triples it is evidence for. Sentence 2 names the album and
+    has Tiziano Ferro in its pretext, but the album's performer is stated (annotated evidence) in sentence 0 only."""
+    calls = [r["segments"][1]["text"] for r in iter_write_examples(doc, evidence=True)]
+    assert calls == ["({MEM_WRITE-->Alla Mia Età>>performer>>Tiziano Ferro})",
+                     "({MEM_WRITE-->Tiziano Ferro>>place of birth>>Latina})",
+                     "({MEM_WRITE-->Il Regalo Più Grande>>performer>>Tiziano Ferro;"
+                     "Il Regalo Più Grande>>part of>>Alla Mia Età})"]
+    assert all(c["sentences"] for c in write_coverage(doc, evidence=True))
+    # without annotations, a relation's evidence is the sentences naming both entities: the album's performer
+    # stays in sentence 0; the song's performer is named with the song in no sentence, so nothing writes it
+    raw = {**RAW, "labels": [{**lab, "evidence": []} for lab in RAW["labels"]]}
+    bare = parse_document(raw, 0, LABELS, "golden.json")
+    calls = [r["segments"][1]["text"] for r in iter_write_examples(bare, evidence=True)]
+    assert calls == ["({MEM_WRITE-->Alla Mia Età>>performer>>Tiziano Ferro})", "({MEM_WRITE-->})",
+                     "({MEM_WRITE-->Il Regalo Più Grande>>part of>>Alla Mia Età})"]
+    cov = write_coverage(bare, evidence=True)
+    assert [c["sentences"] for c in cov] == [[0], [], [2], []]
+    assert "evidence" in cov[3]["reason"]
+    assert [r["segments"][1]["text"] for r in iter_write_examples(bare)] == [
+        r["segments"][1]["text"] for r in iter_write_examples(doc)]  # the default ignores evidence
+
+
 def test_empty_write_and_pretext_window(doc):
     recs = list(iter_write_examples(doc, pretext_sentences=0))
     # without a pretext the pronoun sentence has no full mention of Tiziano Ferro: the write is empty

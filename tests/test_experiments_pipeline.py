@@ -23,6 +23,8 @@ def test_stage_keys_cover_earlier_settings():
     repeats = PipelineConfig(write_stop_repeats=True)  # how the memory is written: the memory and the edits
     assert stage_key(a, "memory") != stage_key(repeats, "memory") and stage_key(a, "editing") != stage_key(repeats, "editing")
     assert stage_key(a, "mr") == stage_key(repeats, "mr")
+    evidence = PipelineConfig(write_evidence=True)  # other write targets: a new corpus stage, so a new adapter
+    assert stage_key(a, "corpus") != stage_key(evidence, "corpus") and stage_key(a, "mw") != stage_key(evidence, "mw")
 
 
 def test_corpus_and_tokenizer_stages_run_and_resume(tmp_path):
