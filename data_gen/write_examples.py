@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from data_gen.docred import Document, Mention
 from data_gen.relation_questions import ask
@@ -180,6 +180,14 @@ def iter_write_examples(doc: Document, pretext_sentences: int | None = DEFAULT_P
                         evidence: bool = False) -> Iterator[dict]:
     for item in iter_write_items(doc, pretext_sentences, evidence):
         yield write_record(doc, item)
+
+
+def taught_triples(docs: Iterable[Document], pretext_sentences: int | None = DEFAULT_PRETEXT_SENTENCES,
+                   evidence: bool = False) -> list[P.Triple]:
+    """Every triple the sentences' memory-write examples of `docs` hold (`iter_write_items`): what a memory-write
+    model that reproduced its training calls exactly would write. Scored against the gold triples, it is the
+    ceiling a trained writer's precision / recall are read against (the pipeline's diagnostics report it)."""
+    return [t for doc in docs for item in iter_write_items(doc, pretext_sentences, evidence) for t in item.triples]
 
 
 def write_coverage(doc: Document, pretext_sentences: int | None = DEFAULT_PRETEXT_SENTENCES,

@@ -336,6 +336,19 @@ def _mw_curve(self, final: dict) -> list[dict]:
     return points
 
 
+def _training_calls_agreement(self, eval_docs) -> dict:
+    """The evaluation documents' own memory-write calls (as their training examples would be built,
+    `write_examples.taught_triples`) scored like the model's writes, by name and by entity: what a model that
+    learned its training calls exactly would reach, so the model's figures read against the rule it was taught."""
+    from data_gen.gold_memory import entity_gold, gold_triples
+    from data_gen.write_examples import taught_triples
+    from memllm_jax.eval.write_quality import entity_agreement, write_agreement
+
+    taught = taught_triples(eval_docs, evidence=self.cfg.write_evidence)
+    return {**write_agreement(taught, [t for d in eval_docs for t in gold_triples(d)]),
+            "entity_level": entity_agreement(taught, [entity_gold(d) for d in eval_docs])}
+
+
 def stage_diagnostics(self):
     """The adapters' skills on the held-out documents: field-split loss / accuracy of their API calls (the copy
     probe: names reproduced exactly) and how many of the written names occur in the text they were written from."""
@@ -352,14 +365,15 @@ def stage_diagnostics(self):
                  f"{f['relation']['loss']:.3f} / markup {f['markup']['loss']:.3f} nats; names copied exactly "
                  f"{f['name_exact']:.2f} of {f['names']}")
     written = [n for rec in self.memory("mw_eval").records() for n in (rec["subject"], rec["object"])]
-    text = "\n".join(d.text for d in _documents(self, "eval"))
-    info["mw_names_in_eval_text"] = names_in_text(written, text)
+    eval_docs = _documents(self, "eval")
+    info["mw_names_in_eval_text"] = names_in_text(written, "\n".join(d.text for d in eval_docs))
     memory = json.loads((self.out / "results" / "memory.json").read_text())
     info["mw_against_gold"] = {k: memory["mw_eval"][k] for k in ("precision", "recall", "f1", "correct",
                                                                   "written_unique", "gold_unique")}
     for check in ("before_grounding", "before_confidence", "entity_level"):
         if check in memory["mw_eval"]:
             info["mw_against_gold"][check] = memory["mw_eval"][check]
+    info["mw_against_gold"]["training_calls"] = _training_calls_agreement(self, eval_docs)
     if "development" in memory:
         info["mw_threshold"] = {"min_confidence": memory["min_confidence"], **memory["development"]}
     info["mw_curve"] = _mw_curve(self, memory["mw_eval"])

@@ -107,13 +107,20 @@ def diagnostics_markdown(corpus: Mapping | None, diagnostics: Mapping | None) ->
                       f"{g['recall']:.3f} | {g['f1']:.3f} | {names:.3f} |"]
             lines += [f"| {raw['written_unique']}: {label} | {raw['gold_unique']} | {raw['correct']} | "
                       f"{raw['precision']:.3f} | {raw['recall']:.3f} | {raw['f1']:.3f} | – |" for label, raw in earlier]
+            taught = g.get("training_calls")
+            if taught:  # the ceiling: what the training examples' own calls on these documents score
+                lines.append(f"| {taught['written_unique']}: the documents' own training calls (what a writer that "
+                             f"learned its examples exactly writes) | {taught['gold_unique']} | {taught['correct']} | "
+                             f"{taught['precision']:.3f} | {taught['recall']:.3f} | {taught['f1']:.3f} | – |")
             by_entity = g.get("entity_level")
             if by_entity:
+                ceiling = taught.get("entity_level") if taught else None
                 lines += ["", "Counted by entity (a written name may be any full mention of the gold entity; recall "
                           "over the gold relations, `eval.write_quality.entity_agreement`): precision "
                           f"**{by_entity['precision']:.3f}**, recall **{by_entity['recall']:.3f}**, F1 "
                           f"{by_entity['f1']:.3f} ({by_entity['correct']} of {by_entity['written_unique']} written "
-                          f"right; {by_entity['gold_relations_found']} of {by_entity['gold_relations']} gold relations found)"]
+                          f"right; {by_entity['gold_relations_found']} of {by_entity['gold_relations']} gold relations found)"
+                          + (f"; the training calls {ceiling['precision']:.3f} / {ceiling['recall']:.3f}" if ceiling else "")]
             lines.append("")
         chosen = diagnostics.get("mw_threshold")
         if chosen:

@@ -11,7 +11,7 @@ from data_gen.read_examples import (context_free_records, iter_read_examples, mi
                                     scan_read_points)
 from data_gen.relation_questions import GENERIC_TEMPLATES, QUESTIONS_BY_PID
 from data_gen.relations import DEFAULT_REL_INFO, ambiguous_label_filter, is_ambiguous, load_relation_labels
-from data_gen.write_examples import (context_free_items, iter_write_examples, question_form_items,
+from data_gen.write_examples import (context_free_items, iter_write_examples, question_form_items, taught_triples,
                                      write_coverage)
 from memllm_jax import protocol as P
 
@@ -85,6 +85,23 @@ def test_write_examples_with_evidence(doc):
     assert "evidence" in cov[3]["reason"]
     assert [r["segments"][1]["text"] for r in iter_write_examples(bare)] == [
         r["segments"][1]["text"] for r in iter_write_examples(doc)]  # the default ignores evidence
+
+
+def test_taught_triples_score_as_the_ceiling_of_a_writer(doc):
+    """`taught_triples`: the triples of the sentences' write examples. Counted by entity they are always right
+    (gold relations under names the text gives); their recall is what the target rule leaves to learn: all four
+    relations with annotated evidence, two of four when no sentence is annotated (the song's performer is named
+    with the song in no sentence)."""
+    from data_gen.gold_memory import entity_gold
+    from memllm_jax.eval.write_quality import entity_agreement
+
+    assert taught_triples([doc], evidence=True) == [t for r in iter_write_examples(doc, evidence=True)
+                                                    for t in map(lambda x: P.Triple(*x), r["triples"])]
+    bare = parse_document({**RAW, "labels": [{**lab, "evidence": []} for lab in RAW["labels"]]}, 0, LABELS, "g.json")
+    for d, recall in ((doc, 1.0), (bare, 0.5)):
+        score = entity_agreement(taught_triples([d], evidence=True), [entity_gold(d)])
+        assert score["precision"] == 1.0 and score["recall"] == recall
+    assert len(taught_triples([doc, bare])) == 2 * len(taught_triples([doc]))  # without evidence: the same calls
 
 
 def test_empty_write_and_pretext_window(doc):

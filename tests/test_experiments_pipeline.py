@@ -113,8 +113,15 @@ def test_memory_write_table_shows_each_write_check():
     agree = lambda n, c, p: {"written_unique": n, "gold_unique": 10, "correct": c, "precision": p,  # noqa: E731
                              "recall": c / 10, "f1": 0.5}
     diag = {"mw_against_gold": {**agree(5, 4, 0.8), "before_grounding": agree(9, 5, 0.556),
-                                "before_confidence": agree(7, 5, 0.714)}}
+                                "before_confidence": agree(7, 5, 0.714), "training_calls": agree(8, 7, 0.875)}}
     md = diagnostics_markdown(None, diag)
+    assert "| 8: the documents' own training calls (what a writer that learned its examples exactly writes) | 10 | 7 | 0.875 |" in md
+    by_entity = {"precision": 0.5, "recall": 0.25, "f1": 0.33, "correct": 2, "written_unique": 4,
+                 "gold_relations_found": 1, "gold_relations": 4}
+    ceiling = {**agree(8, 7, 0.875), "entity_level": {**by_entity, "precision": 1.0, "recall": 0.75}}
+    md_entity = diagnostics_markdown(None, {"mw_against_gold": {**agree(5, 4, 0.8), "entity_level": by_entity,
+                                                                "training_calls": ceiling}})
+    assert "gold relations found); the training calls 1.000 / 0.750" in md_entity
     assert "| 5 | 10 | 4 | 0.800 | 0.400 |" in md
     assert "| 9: everything the model wrote | 10 | 5 | 0.556 |" in md
     assert "| 7: grounded, before the confidence check | 10 | 5 | 0.714 |" in md
