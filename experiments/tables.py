@@ -105,13 +105,12 @@ def diagnostics_markdown(corpus: Mapping | None, diagnostics: Mapping | None) ->
                       "|---|---|---|---|---|---|---|",
                       f"| {g['written_unique']} | {g['gold_unique']} | {g['correct']} | {g['precision']:.3f} | "
                       f"{g['recall']:.3f} | {g['f1']:.3f} | {names:.3f} |"]
+            taught = g.get("training_calls")  # the ceiling: what the documents' own training calls score
+            ceiling_row = [("the documents' own training calls (what a writer that learned its examples exactly "
+                            "writes)", taught)] if taught else []
             lines += [f"| {raw['written_unique']}: {label} | {raw['gold_unique']} | {raw['correct']} | "
-                      f"{raw['precision']:.3f} | {raw['recall']:.3f} | {raw['f1']:.3f} | – |" for label, raw in earlier]
-            taught = g.get("training_calls")
-            if taught:  # the ceiling: what the training examples' own calls on these documents score
-                lines.append(f"| {taught['written_unique']}: the documents' own training calls (what a writer that "
-                             f"learned its examples exactly writes) | {taught['gold_unique']} | {taught['correct']} | "
-                             f"{taught['precision']:.3f} | {taught['recall']:.3f} | {taught['f1']:.3f} | – |")
+                      f"{raw['precision']:.3f} | {raw['recall']:.3f} | {raw['f1']:.3f} | – |"
+                      for label, raw in earlier + ceiling_row]
             by_entity = g.get("entity_level")
             if by_entity:
                 ceiling = taught.get("entity_level") if taught else None
