@@ -110,6 +110,10 @@ class PipelineConfig:
     write_copied_names: bool = False
     """Memory writes copy their names from the prompt's text and their relations from the relation labels as they
     decode: among its top tokens the model's best choice that keeps the field so (`decode.copy_names`)."""
+    write_close_bias: float = 0.0
+    """> 0: memory writes choose the closing token `})` as if its logit were that much lower, so a call goes on to the
+    items the model would leave out; each such item is opened with the token's own log-probability, so
+    `write_min_confidence` can drop it again (`decode.writer`, "Longer calls")."""
     write_max_new_tokens: int = 128
     """Token budget of one memory-write call; a call cut by it keeps its items closed by `;`. Re-DocRED sentences
     need more (31% of their gold calls are longer than 128 SmolLM2 tokens, 17% longer than 192)."""
@@ -190,7 +194,7 @@ _DEPENDS = {
     "mw": ("mw_config",),
     "mr": ("mr_config",),
     "memory": ("encoder", "write_late_stopping", "write_stop_repeats", "write_ban_repeats", "write_copied_names",
-               "write_max_new_tokens",
+               "write_close_bias", "write_max_new_tokens",
                "write_batch", "write_refill",
                "write_grounded", "write_min_confidence", "write_confidence_grid"),
     "diagnostics": ("diagnostic_examples",),

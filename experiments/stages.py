@@ -186,6 +186,7 @@ def _write_budget(self, min_confidence: float | None) -> dict:
     relations = set(_labels(self).values()) if self.cfg.write_grounded or self.cfg.write_copied_names else None
     return dict(late_stopping=self.cfg.write_late_stopping, stop_repeats=self.cfg.write_stop_repeats,
                 ban_repeats=self.cfg.write_ban_repeats, copied_names=self.cfg.write_copied_names,
+                close_bias=self.cfg.write_close_bias,
                 max_new_tokens=self.cfg.write_max_new_tokens,
                 batch_size=self.cfg.write_batch, refill=self.cfg.write_refill, grounded=self.cfg.write_grounded,
                 relations=relations, min_confidence=min_confidence)
@@ -196,7 +197,7 @@ def _edit_checks(self) -> dict:
     when `editing_write_checks`."""
     budget = _write_budget(self, _min_confidence(self))
     checks = ("grounded", "relations", "min_confidence") if self.cfg.editing_write_checks else ()
-    decoding = ("late_stopping", "stop_repeats", "ban_repeats", "copied_names")
+    decoding = ("late_stopping", "stop_repeats", "ban_repeats", "copied_names", "close_bias")
     if self.cfg.write_copied_names:
         decoding += ("relations",)  # the labels a relation is copied from; no check without `grounded`
     return {k: budget[k] for k in decoding + tuple(c for c in checks if c not in decoding)}

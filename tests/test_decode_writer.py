@@ -235,6 +235,37 @@ def test_min_confidence_drops_the_items_the_model_hesitated_on():
         assert [t.subject for t in stats.unconfident] == [s for s in "ac" if s not in kept]
 
 
+def early_close_policy(ctx):
+    """After `({MEM_WRITE-->`: `a>>r>>b`, then `})` one logit over `;`, then `c>>r>>d` and only `})`."""
+    if TOK.marker_id[protocol.MEM_WRITE] not in ctx:
+        return [TOK.eos_id]
+    body = TOK.decode(ctx[ctx.index(TOK.marker_id[protocol.MEM_WRITE]) + 1:])
+    if body == "a>>r>>b":
+        return [CLOSE] + TOK.encode(";")
+    full = "a>>r>>b;c>>r>>d"
+    return [CLOSE] if body == full else TOK.encode(full[len(body)])
+
+
+def test_close_bias_writes_the_items_after_an_early_close_at_their_own_confidence():
+    """A bias under the closing token's lead keeps the greedy call; over it the call goes on to `c>>r>>d`, whose
+    confidence is that of the `;` the model ranked second (log-softmax of 9 against 10: -1.31), so a threshold
+    above it drops the item again; the last `})`, far ahead, still ends the call."""
+    model = PolicyModel(early_close_policy, TOK.vocab_size)
+    for bias, min_confidence, kept in ((0.0, None, "a"), (0.5, None, "a"), (2.0, None, "ac"), (2.0, -1.0, "a"),
+                                       (2.0, -1.5, "ac")):
+        mem = RecordingMemory()
+        stats = write_corpus(model, TOK, mem, [("d1", ["a met b, c met d."])], batch_size=1, max_new_tokens=32,
+                             make_cache=model.make_cache, late_stopping=False, min_confidence=min_confidence,
+                             close_bias=bias)
+        assert "".join(t.subject for t in mem.added[0][0]) == kept, (bias, min_confidence)
+        assert stats.no_cut == 0
+    out = decode_writes(model, TOK, [[TOK.bos_id] + TOK.encode("x") + [TOK.marker_id[protocol.MEM_WRITE]]],
+                        max_new_tokens=32, make_cache=model.make_cache, late_stopping=False, close_bias=2.0)[0]
+    confidence = item_confidences(TOK, out["ids"], out["logps"])
+    assert confidence[protocol.Triple("c", "r", "d")] == pytest.approx(-np.log1p(np.exp(1.0)), abs=1e-4)
+    assert confidence[protocol.Triple("a", "r", "b")] > -1e-3
+
+
 def test_scored_writes_fill_a_memory_as_a_write_at_that_threshold_would():
     """`WriteStats.scored` keeps each checked triple with its confidence; `write_scored` at a threshold adds
     exactly what `write_corpus` at that threshold adds, sentence by sentence."""

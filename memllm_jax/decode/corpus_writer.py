@@ -231,7 +231,7 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
                  on_batch=None, share_prefixes: bool = True, grounded: bool = False,
                  relations: Collection[str] | None = None, min_confidence: float | None = None,
                  stop_repeats: bool = False, ban_repeats: int = 0, refill: bool = False,
-                 copied_names: bool = False) -> WriteStats:
+                 copied_names: bool = False, close_bias: float = 0.0) -> WriteStats:
     """Extract triples from every sentence of `documents` and add them to `memory`, sentence by sentence in
     corpus order.
 
@@ -252,13 +252,15 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
     times (`item_bans`; a row out of bans stops and is counted in `WriteStats.repeats`).
     `copied_names`: names are copied from the prompt's text and relations are among `relations` (if given) as the
     call is decoded (`copy_names`).
+    `close_bias` > 0: the closing token `})` is chosen as if its logit were that much lower, so calls run on to
+    items the model would otherwise leave out (`writer.WriteSpec.close_bias`).
     """
     book = _Book(memory, tokenizer, grounded, relations, min_confidence, on_batch)
     bans = item_bans.ban_spec(tokenizer, ban_repeats) if ban_repeats > 0 else None
     copy = copy_names.copy_spec(tokenizer, relations) if copied_names else None
     decode = dict(max_new_tokens=max_new_tokens, late_stopping=late_stopping, patience=patience,
                   make_cache=make_cache, share_prefixes=share_prefixes, split=split_model(model),
-                  stop_repeats=stop_repeats, bans=bans, copy=copy)
+                  stop_repeats=stop_repeats, bans=bans, copy=copy, close_bias=close_bias)
     documents = _corpus_prompts(documents, tokenizer, pretext_sentences, max_prompt_tokens)
     (_write_refilled if refill else _write_batched)(model, tokenizer, book, documents, batch_size, decode)
     return book.stats

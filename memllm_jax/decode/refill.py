@@ -113,7 +113,7 @@ def iter_refill_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *,
                        refill_at: int | None = None, max_new_tokens: int = 128, late_stopping: bool = True,
                        patience: int = PATIENCE, make_cache=None, share_prefixes: bool = True, split=None,
                        stop_repeats: bool = False, bans: item_bans.BanSpec | None = None,
-                       copy: copy_names.CopySpec | None = None,
+                       copy: copy_names.CopySpec | None = None, close_bias: float = 0.0,
                        trace: list | None = None) -> Iterator[list[tuple[int, dict]]]:
     """Decode the write call after every prompt in a pool of `pool` rows, refilled as rows stop. Yields after each
     loop exit the (prompt index, result) pairs of the calls that ended, in any order; results are those of
@@ -128,14 +128,14 @@ def iter_refill_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *,
     max_len = cache_slots(max(map(len, prompts)), max_new_tokens)
     copy = None if copy is None else copy_names.with_room_for(copy, prompts)
     spec = write_spec(tokenizer, max_new_tokens, max_len, late_stopping=late_stopping, patience=patience,
-                      stop_repeats=stop_repeats, bans=bans, copy=copy)
+                      stop_repeats=stop_repeats, bans=bans, copy=copy, close_bias=close_bias)
     axes = row_axes(graphdef, params, make_cache, pool, max_len)
     if axes is None:  # nothing to graft along: today's consecutive batches
         for start in range(0, len(prompts), pool):
             outs = decode_writes(model, tokenizer, prompts[start:start + pool], pad_to=pool,
                                  max_new_tokens=max_new_tokens, late_stopping=late_stopping, patience=patience,
                                  make_cache=make_cache, share_prefixes=share_prefixes, split=(graphdef, params),
-                                 stop_repeats=stop_repeats, bans=bans, copy=copy)
+                                 stop_repeats=stop_repeats, bans=bans, copy=copy, close_bias=close_bias)
             yield list(enumerate(outs, start))
         return
     refill_at = default_refill_at(pool) if refill_at is None else max(1, refill_at)

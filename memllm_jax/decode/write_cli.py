@@ -115,6 +115,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="never write an item twice in a call: take the next choice instead, at most N times")
     parser.add_argument("--copy-names", action="store_true",
                         help="copy names from the text and relations from --labels as the call is decoded")
+    parser.add_argument("--close-bias", type=float, default=0.0, metavar="B",
+                        help="choose the closing }) as if its logit were B lower: longer calls (0: off)")
     parser.add_argument("--save-every", type=int, default=20, help="save memory and progress every N batches")
     parser.add_argument("--restart", action="store_true", help="ignore earlier progress")
     parser.add_argument("--process-index", type=int, default=0, metavar="I",
@@ -153,7 +155,7 @@ def read_progress(progress_path: pathlib.Path) -> dict:
 def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path, *, batch_size=16,
               max_new_tokens=128, pretext_sentences=10, late_stopping=True, save_every=20, restart=False,
               progress_bar=True, shard: tuple[int, int] = (0, 1), grounded=False, relations=None,
-              min_confidence=None, stop_repeats=False, ban_repeats=0, copied_names=False):
+              min_confidence=None, stop_repeats=False, ban_repeats=0, copied_names=False, close_bias=0.0):
     """Write `corpus` into `memory` (saved to `memory_dir`), skipping documents finished earlier.
 
     `shard=(I, N)`: only the documents k with k % N == I (k = the record's index in the corpus)."""
@@ -196,7 +198,8 @@ def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path
     stats = write_corpus(model, tok, memory, docs, batch_size=batch_size, max_new_tokens=max_new_tokens,
                          pretext_sentences=pretext_sentences, late_stopping=late_stopping, on_batch=on_batch,
                          grounded=grounded, relations=relations, min_confidence=min_confidence,
-                         stop_repeats=stop_repeats, ban_repeats=ban_repeats, copied_names=copied_names)
+                         stop_repeats=stop_repeats, ban_repeats=ban_repeats, copied_names=copied_names,
+                         close_bias=close_bias)
     checkpoint()
     bar.close()
     return stats
@@ -220,7 +223,7 @@ def main(args: argparse.Namespace) -> int:
                           late_stopping=not args.no_late_stopping, save_every=args.save_every, restart=args.restart,
                           shard=shard, grounded=args.grounded, relations=relations,
                           min_confidence=args.min_confidence, stop_repeats=args.stop_repeats,
-                          ban_repeats=args.ban_repeats, copied_names=args.copy_names)
+                          ban_repeats=args.ban_repeats, copied_names=args.copy_names, close_bias=args.close_bias)
     except CorpusError as exc:
         raise SystemExit(str(exc)) from exc
     print(json.dumps({**stats.__dict__, "ungrounded": len(stats.ungrounded), "unconfident": len(stats.unconfident),

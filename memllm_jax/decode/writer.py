@@ -14,6 +14,11 @@ tokens before them stops there. Its body keeps both copies: the span need not st
 the parser drops an unfinished last item while the memory keeps a triple once, so the items written are those of
 the same call run to the budget, unless the model would have left the loop later. A batch no longer runs to the
 budget for one looping row.
+
+Longer calls (`close_bias`, optional): a writer that states fewer facts than a sentence holds closes its call
+early. With a bias b the closing token is taken only where its logit leads the runner-up by more than b; elsewhere
+the call goes on with the runner-up, an item opened with that token's own (low) log-probability, so the confidence
+check (`item_confidences`) can drop it again.
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ class WriteSpec:
     """Never write an item twice in one call (`item_bans`)."""
     copy: copy_names.CopySpec | None = None
     """Names copied from the prompt, relations from the known labels (`copy_names`)."""
+    close_bias: float = 0.0
+    """Subtracted from the closing token's logit when choosing the next token (module docstring, "Longer calls");
+    the log-probabilities recorded (cut scores, `item_confidences`) are the model's own."""
 
 
 def repeat_length(out_BxT: jax.Array, n_B: jax.Array, shortest: int, longest: int) -> jax.Array:
@@ -77,12 +85,15 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
         prefix_hash_B = item_bans.span_hash(s.out_BxT, s.bans.item_start_B, s.n_out_B)
         logits_BxV = item_bans.mask_banned(logits_BxV, s.bans, prefix_hash_B)
     logp_BxV = jax.nn.log_softmax(logits_BxV, axis=-1)
+    choice_BxV = logits_BxV
+    if spec.close_bias:
+        choice_BxV = logits_BxV.at[:, spec.close_id].add(-spec.close_bias)
     # Top-2 by two argmaxes: lax.top_k lowers to a full sort of every row on CPU (~1 ms per step at B=16).
-    first_B = argmax(logits_BxV)
-    hit_BxV = jnp.arange(logits_BxV.shape[1])[None, :] == first_B[:, None]
-    second_B = argmax(jnp.where(hit_BxV, -jnp.inf, logits_BxV))
+    first_B = argmax(choice_BxV)
+    hit_BxV = jnp.arange(choice_BxV.shape[1])[None, :] == first_B[:, None]
+    second_B = argmax(jnp.where(hit_BxV, -jnp.inf, choice_BxV))
     if spec.copy is not None:
-        cand = copy_names.candidates(logits_BxV, s.copy, spec.copy)
+        cand = copy_names.candidates(choice_BxV, s.copy, spec.copy)
         first_B, second_B = copy_names.choose(cand, first_B, second_B)
     is_cut_B = running_B & (first_B == spec.close_id)
     cut_score_B = (s.sum_logp_B + logp_BxV[:, spec.close_id]) / (s.n_out_B + 1).astype(jnp.float32)
@@ -190,11 +201,11 @@ def cache_slots(longest_prompt: int, max_new_tokens: int) -> int:
 
 def write_spec(tokenizer, max_new_tokens: int, max_len: int, *, late_stopping: bool = True, patience: int = PATIENCE,
                stop_repeats: bool = False, bans: item_bans.BanSpec | None = None,
-               copy: copy_names.CopySpec | None = None) -> WriteSpec:
+               copy: copy_names.CopySpec | None = None, close_bias: float = 0.0) -> WriteSpec:
     """`copy`: sized for the prompts to come (`copy_names.with_room_for`)."""
     return WriteSpec(max_new_tokens=max_new_tokens, close_id=tokenizer.marker_id[protocol.CALL_END],
                      eos_id=tokenizer.eos_id, max_len=max_len, patience=patience, late_stopping=late_stopping,
-                     stop_repeats=stop_repeats, bans=bans, copy=copy)
+                     stop_repeats=stop_repeats, bans=bans, copy=copy, close_bias=float(close_bias))
 
 
 def prefill_prompts(graphdef, params, make_cache, max_len: int, vocab: int, rows: Sequence[Sequence[int]],
@@ -233,14 +244,15 @@ def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_
                   late_stopping: bool = True, patience: int = PATIENCE, make_cache=None,
                   pad_to: int | None = None, share_prefixes: bool = True, split=None,
                   stop_repeats: bool = False, bans: item_bans.BanSpec | None = None,
-                  copy: copy_names.CopySpec | None = None) -> list[dict]:
+                  copy: copy_names.CopySpec | None = None, close_bias: float = 0.0) -> list[dict]:
     """Decode the write call after each prompt (which ends with `({MEM_WRITE-->`). Returns per prompt the
     body tokens up to the chosen cut (`ids`), the call text, the cut points and the stop reason.
 
     `share_prefixes`: prompts sharing a token prefix (one document's pretext) prefill it once
     (`prefix.prefill_shared`). `split`: `split_model(model)` when the caller already has it. `stop_repeats`: a row
     whose call loops stops once it has repeated itself (module docstring; stop reason "repeat"). `copy`: names
-    copied from the prompt and relations from the known labels (`copy_names`). A stream of more prompts than one
+    copied from the prompt and relations from the known labels (`copy_names`). `close_bias`: the closing token is
+    chosen as if its logit were that much lower (longer calls; module docstring). A stream of more prompts than one
     batch: `refill.refill_writes`."""
     B = len(prompt_ids)
     if B == 0:
@@ -253,7 +265,7 @@ def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_
                                     share_prefixes)
     copy = None if copy is None else copy_names.with_room_for(copy, rows)
     spec = write_spec(tokenizer, max_new_tokens, max_len, late_stopping=late_stopping, patience=patience,
-                      stop_repeats=stop_repeats, bans=bans, copy=copy)
+                      stop_repeats=stop_repeats, bans=bans, copy=copy, close_bias=close_bias)
     sources = None if copy is None else copy_names.sources(prompt_ids, copy, rows=len(rows))
     s = _start_and_loop(graphdef, params, cache, logits, jnp.int32(B), spec, sources)
     return row_results(tokenizer, spec, host_rows(s), range(B))

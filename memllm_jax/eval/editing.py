@@ -174,12 +174,12 @@ def edit_sentence(rec: EditRecord) -> str:
 def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord], *, batch_size: int = 16,
                   max_new_tokens: int = 64, late_stopping: bool = True, grounded: bool = False,
                   relations: Collection[str] | None = None, min_confidence: float | None = None,
-                  stop_repeats: bool = False, ban_repeats: int = 0,
-                  copied_names: bool = False) -> list[list[protocol.Triple]]:
+                  stop_repeats: bool = False, ban_repeats: int = 0, copied_names: bool = False,
+                  close_bias: float = 0.0) -> list[list[protocol.Triple]]:
     """Triples the memory-write model extracts from each edit sentence (by default with late stopping, paper
     Appendix A). `grounded` / `relations` / `min_confidence`: the memory stage's checks (`corpus_writer.check_written`),
     with the edit sentence as both the document and the focus sentence. `stop_repeats` / `ban_repeats` /
-    `copied_names` (relations copied from `relations`): as in `corpus_writer.write_corpus`."""
+    `copied_names` (relations copied from `relations`) / `close_bias`: as in `corpus_writer.write_corpus`."""
     from memllm_jax.decode import copy_names, item_bans
     from memllm_jax.decode.corpus_writer import check_written
     from memllm_jax.decode.writer import decode_writes
@@ -192,7 +192,7 @@ def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord], *, 
     for i in range(0, len(prompts), batch_size):
         res = decode_writes(write_model, tok, prompts[i:i + batch_size], max_new_tokens=max_new_tokens,
                             pad_to=batch_size, late_stopping=late_stopping, stop_repeats=stop_repeats, bans=bans,
-                            copy=copy)
+                            copy=copy, close_bias=close_bias)
         for sentence, r in zip(sentences[i:i + batch_size], res):
             items = list(protocol.parse_write_call(r["text"]).items)  # unclosed: items closed by `;`
             out.append(check_written(items, r, tok, (sentence, sentence) if grounded else None, relations,
@@ -358,17 +358,18 @@ def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, 
                      style: str = "qa", late_stopping: bool = True, grounded: bool = False,
                      relations: Collection[str] | None = None, min_confidence: float | None = None,
                      stop_repeats: bool = False, ban_repeats: int = 0, copied_names: bool = False,
-                     progress: Callable[[str], None] | None = None) -> dict[str, EditingResult]:
+                     close_bias: float = 0.0, progress: Callable[[str], None] | None = None) -> dict[str, EditingResult]:
     """REL / GEN / LOC after all edits written in sequence ("sequential") and with one edit at a time ("single").
-    `grounded` / `relations` / `min_confidence` / `stop_repeats` / `ban_repeats` / `copied_names`: write the edits as
-    the memory stage writes (`extract_edits`)."""
+    `grounded` / `relations` / `min_confidence` / `stop_repeats` / `ban_repeats` / `copied_names` / `close_bias`: write
+    the edits as the memory stage writes (`extract_edits`)."""
     from memllm_jax.memory import TripleMemory
 
     say = progress or (lambda _m: None)
     say(f"  editing: writing {len(records)} edits with the memory-write model")
     edits = extract_edits(write_model, tok, records, batch_size=batch_size, late_stopping=late_stopping,
                           grounded=grounded, relations=relations, min_confidence=min_confidence,
-                          stop_repeats=stop_repeats, ban_repeats=ban_repeats, copied_names=copied_names)
+                          stop_repeats=stop_repeats, ban_repeats=ban_repeats, copied_names=copied_names,
+                          close_bias=close_bias)
     ask = lambda mem, qs: ask_questions(read_model, tok, mem, qs, shots, max_new_tokens=max_new_tokens,  # noqa: E731
                                         batch_size=batch_size, style=style)
     texts = lambda answers: [a.text for a in answers]  # noqa: E731
