@@ -182,25 +182,40 @@ def _min_confidence(self) -> float | None:
     return self.cfg.write_min_confidence
 
 
+def _write_relations(self) -> set[str] | None:
+    """The relation labels written triples are checked against (`write_grounded`) and copied from
+    (`write_copied_names`)."""
+    return set(_labels(self).values()) if self.cfg.write_grounded or self.cfg.write_copied_names else None
+
+
+def _write_decoding(self):
+    """How the config's memory-write calls are decoded (`write_*` settings; `decode.writer.WriteDecoding`)."""
+    from memllm_jax.decode.writer import write_decoding
+
+    try:
+        return write_decoding(self.tokenizer(), ban_repeats=self.cfg.write_ban_repeats,
+                              copied_names=self.cfg.write_copied_names, relations=_write_relations(self),
+                              max_new_tokens=self.cfg.write_max_new_tokens, late_stopping=self.cfg.write_late_stopping,
+                              stop_repeats=self.cfg.write_stop_repeats, close_bias=self.cfg.write_close_bias)
+    except ValueError as exc:
+        raise InputError(f"PipelineConfig.write_{exc}") from exc  # the field's name begins the message
+
+
 def _write_budget(self, min_confidence: float | None) -> dict:
-    relations = set(_labels(self).values()) if self.cfg.write_grounded or self.cfg.write_copied_names else None
-    return dict(late_stopping=self.cfg.write_late_stopping, stop_repeats=self.cfg.write_stop_repeats,
-                ban_repeats=self.cfg.write_ban_repeats, copied_names=self.cfg.write_copied_names,
-                close_bias=self.cfg.write_close_bias,
-                max_new_tokens=self.cfg.write_max_new_tokens,
-                batch_size=self.cfg.write_batch, refill=self.cfg.write_refill, grounded=self.cfg.write_grounded,
-                relations=relations, min_confidence=min_confidence)
+    """`write_corpus`'s settings for the config: its decoding, batching and checks."""
+    return dict(decoding=_write_decoding(self), batch_size=self.cfg.write_batch, refill=self.cfg.write_refill,
+                grounded=self.cfg.write_grounded, relations=_write_relations(self), min_confidence=min_confidence)
 
 
 def _edit_checks(self) -> dict:
-    """How the edits of Table 3 are written: the memory stage's decoding, and its grounding and confidence checks
-    when `editing_write_checks`."""
+    """How the edits of Table 3 are written: the memory stage's decoding with an edit's budget
+    (`editing.EDIT_WRITE_TOKENS`), and its grounding and confidence checks when `editing_write_checks`."""
+    from memllm_jax.eval.editing import EDIT_WRITE_TOKENS
+
     budget = _write_budget(self, _min_confidence(self))
     checks = ("grounded", "relations", "min_confidence") if self.cfg.editing_write_checks else ()
-    decoding = ("late_stopping", "stop_repeats", "ban_repeats", "copied_names", "close_bias")
-    if self.cfg.write_copied_names:
-        decoding += ("relations",)  # the labels a relation is copied from; no check without `grounded`
-    return {k: budget[k] for k in decoding + tuple(c for c in checks if c not in decoding)}
+    return {"write_decoding": dataclasses.replace(budget["decoding"], max_new_tokens=EDIT_WRITE_TOKENS),
+            **{k: budget[k] for k in checks}}
 
 
 def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None, log: pathlib.Path | None = None):

@@ -204,6 +204,14 @@ def memory_write_bad_shard(tmp, mp):
              "--process-count", "2"], "--process-index 2: must be in 0..1 (--process-count 2)")
 
 
+def memory_write_close_bias_not_finite(tmp, mp):
+    from memllm_jax.decode import io
+
+    mp.setattr(io, "load_model", lambda model, tokenizer: (object(), object()))  # refused before the model is used
+    return (["memory", "write", "--model", "m", "--corpus", "c.jsonl", "--memory", "mem", "--close-bias", "nan"],
+            "--close-bias nan: must be a finite number")
+
+
 def memory_merge_not_a_memory(tmp, mp):
     (tmp / "nomem").mkdir()
     return ["memory", "merge", str(tmp / "out"), str(tmp / "nomem")], "nomem: not a memory directory (no CURRENT file)"

@@ -9,7 +9,7 @@ from memllm_jax.decode import copy_names
 from memllm_jax.decode.item_bans import ban_spec
 from memllm_jax.decode.refill import refill_writes
 from memllm_jax.decode.scripted import CharTokenizer, PolicyModel
-from memllm_jax.decode.writer import decode_writes
+from memllm_jax.decode.writer import WriteDecoding, decode_writes
 
 TOK = CharTokenizer(extra=[">>"])
 MEM_WRITE, CLOSE = TOK.marker_id[protocol.MEM_WRITE], TOK.marker_id[protocol.CALL_END]
@@ -36,9 +36,9 @@ def preferring(script: dict[str, str]):
 
 def decode(model, prompts, copy=True, labels=LABELS, **kw):
     spec = copy_names.copy_spec(TOK, labels, top_k=kw.pop("top_k", 8)) if copy else None
-    return [o["text"] for o in decode_writes(model, TOK, prompts, max_new_tokens=kw.pop("max_new_tokens", 40),
-                                              late_stopping=False,
-                                              make_cache=model.make_cache, share_prefixes=False, copy=spec, **kw)]
+    dec = WriteDecoding(kw.pop("max_new_tokens", 40), late_stopping=False, copy=spec, **kw)
+    return [o["text"] for o in decode_writes(model, TOK, prompts, dec, make_cache=model.make_cache,
+                                              share_prefixes=False)]
 
 
 # The writer prefers "Lix" (no such word) over "Lisbon" and "Lima" (in the text), and a made-up relation.
@@ -93,8 +93,8 @@ def test_rows_keep_their_own_texts_in_a_refilled_pool_and_agree_with_batches():
     model = preferring(WRITER)
     batched = decode(model, prompts)
     spec = copy_names.copy_spec(TOK, LABELS, top_k=8)
-    pooled = [o["text"] for o in refill_writes(model, TOK, prompts, pool=2, max_new_tokens=40, late_stopping=False,
-                                              make_cache=model.make_cache, share_prefixes=False, copy=spec)]
+    pooled = [o["text"] for o in refill_writes(model, TOK, prompts, WriteDecoding(40, late_stopping=False, copy=spec),
+                                              pool=2, make_cache=model.make_cache, share_prefixes=False)]
     assert pooled == batched
     assert batched[:2] == ["({MEM_WRITE-->Pedro>>born in>>Lisbon;})", "({MEM_WRITE-->Pedro>>born in>>Lima;})"]
 
@@ -152,8 +152,8 @@ def test_on_the_real_decoder_every_item_is_copied_when_the_whole_vocabulary_is_s
     prompts = [prompt(t) for t in texts]
     spec = copy_names.copy_spec(TOK, LABELS, top_k=TOK.vocab_size)
     make_cache = lambda b, n: init_cache(cfg, b, n)  # noqa: E731
-    runs = {copy: decode_writes(model, TOK, prompts, max_new_tokens=48, late_stopping=False, make_cache=make_cache,
-                                share_prefixes=False, copy=spec if copy else None) for copy in (True, False)}
+    runs = {copy: decode_writes(model, TOK, prompts, WriteDecoding(48, late_stopping=False, copy=spec if copy else None),
+                                make_cache=make_cache, share_prefixes=False) for copy in (True, False)}
     copied = [(text, t) for text, o in zip(texts, runs[True]) for t in protocol.parse_write_call(o["text"]).items]
     assert len(copied) >= 3
     for text, t in copied:
@@ -190,7 +190,8 @@ def test_the_memory_stage_and_the_edits_keep_the_copied_triple_the_grounding_che
                              write_copied_names=copied)
         pipe = types.SimpleNamespace(cfg=cfg, encoder=lambda: HashEncoder(16), tokenizer=lambda: TOK)
         mem, infos[copied] = stages._write_eval(pipe, model, [("x", ["Pedro was born in Lisbon."])], None)
-        assert stages._edit_checks(pipe)["copied_names"] is copied
+        assert (stages._edit_checks(pipe)["write_decoding"].copy is not None) is copied
     assert infos[False]["ungrounded"] == 1 and infos[False]["correct"] == 0
     assert infos[True]["ungrounded"] == 0 and infos[True]["correct"] == 1 and infos[True]["precision"] == 1.0
-    assert set(stages._edit_checks(pipe)["relations"]) == set(LABELS)
+    # the edits copy relations from the same labels
+    assert stages._edit_checks(pipe)["write_decoding"].copy.labels == copy_names.copy_spec(TOK, LABELS).labels

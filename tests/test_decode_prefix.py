@@ -14,7 +14,7 @@ from memllm_jax.decode import prefix
 from memllm_jax.decode.loop import prefill, split_model
 from memllm_jax.decode.scripted import CharTokenizer
 from memllm_jax.decode.corpus_writer import iter_write_prompts, write_corpus, WriteDocument
-from memllm_jax.decode.writer import decode_writes
+from memllm_jax.decode.writer import WriteDecoding, decode_writes
 from memllm_jax.model.mistral import Mistral, init_cache
 
 TOK = CharTokenizer()
@@ -78,8 +78,8 @@ def test_batched_shared_writes_equal_one_sentence_at_a_time():
     docs = [WriteDocument.from_sentences(f"d{k}", sents[k:]) for k in range(2)]
     prompts = [ids for d in docs for _, ids in iter_write_prompts(d, tok)]
     assert prefix.plan_sharing(prompts).saved >= prefix.MIN_SAVED
-    batched = decode_writes(model, tok, prompts, max_new_tokens=32, pad_to=16)
-    one = [decode_writes(model, tok, [p], max_new_tokens=32, share_prefixes=False)[0] for p in prompts]
+    batched = decode_writes(model, tok, prompts, WriteDecoding(32), pad_to=16)
+    one = [decode_writes(model, tok, [p], WriteDecoding(32), share_prefixes=False)[0] for p in prompts]
     assert [o["ids"] for o in batched] == [o["ids"] for o in one]
     assert all(o["cut"] >= 0 for o in batched) and {o["stop"] for o in batched} == {"late_stop"}
     np.testing.assert_allclose([o["score"] for o in batched], [o["score"] for o in one], atol=1e-4)
@@ -93,5 +93,5 @@ def test_batched_shared_writes_equal_one_sentence_at_a_time():
 
     mems = [ListMemory(), ListMemory()]
     for mem, bs in zip(mems, (16, 1)):
-        write_corpus(model, tok, mem, docs, batch_size=bs, max_new_tokens=32)
+        write_corpus(model, tok, mem, docs, WriteDecoding(32), batch_size=bs)
     assert mems[0].added == mems[1].added and mems[0].added

@@ -18,7 +18,7 @@ from memllm_jax.decode.loop import split_model
 from memllm_jax.decode.refill import default_refill_at, refill_writes
 from memllm_jax.decode.scripted import CharTokenizer, PolicyModel, TableModel
 from memllm_jax.decode.corpus_writer import iter_write_prompts, write_corpus, WriteDocument
-from memllm_jax.decode.writer import decode_writes
+from memllm_jax.decode.writer import WriteDecoding, decode_writes
 from memllm_jax.model.mistral import Mistral
 
 POOL = 4
@@ -32,10 +32,10 @@ class SmallTok:
         return " ".join(map(str, ids))
 
 
-def in_batches(model, tok, prompts, **kw):
+def in_batches(model, tok, prompts, decoding, **kw):
     """Today's path: consecutive batches of POOL prompts."""
     return [o for s in range(0, len(prompts), POOL)
-            for o in decode_writes(model, tok, prompts[s:s + POOL], pad_to=POOL, **kw)]
+            for o in decode_writes(model, tok, prompts[s:s + POOL], decoding, pad_to=POOL, **kw)]
 
 
 def steps(outs):
@@ -52,11 +52,11 @@ def test_refilled_writes_equal_fixed_batches_on_random_logits(late, refill_at):
     table[:, :, 2] -= 1.3  # EOS now and then
     model = TableModel(table)
     prompts = [[1] + rng.integers(5, 12, size=n).tolist() + [4] for n in rng.integers(0, 30, size=6 * POOL)]
-    kw = dict(max_new_tokens=40, late_stopping=late, make_cache=model.make_cache)
-    want = in_batches(model, SmallTok(), prompts, **kw)
+    dec, kw = WriteDecoding(40, late_stopping=late), dict(make_cache=model.make_cache)
+    want = in_batches(model, SmallTok(), prompts, dec, **kw)
     assert len(set(steps(want))) > 5  # calls of many lengths: rows stop at different steps
     trace = []
-    got = refill_writes(model, SmallTok(), prompts, pool=POOL, refill_at=refill_at, trace=trace, **kw)
+    got = refill_writes(model, SmallTok(), prompts, dec, pool=POOL, refill_at=refill_at, trace=trace, **kw)
     assert got == want
     # rows were refilled while others ran, at the points `bench.roofline` counts
     at = default_refill_at(POOL) if refill_at is None else refill_at
@@ -74,11 +74,12 @@ def test_refilled_writes_with_a_close_bias_equal_fixed_batches(late):
     table[:, :, 2] -= 1.3
     model = TableModel(table)
     prompts = [[1] + rng.integers(5, 12, size=n).tolist() + [4] for n in rng.integers(0, 30, size=3 * POOL)]
-    kw = dict(max_new_tokens=40, late_stopping=late, make_cache=model.make_cache)
-    plain = in_batches(model, SmallTok(), prompts, **kw)
-    want = in_batches(model, SmallTok(), prompts, close_bias=1.5, **kw)
+    dec, kw = WriteDecoding(40, late_stopping=late), dict(make_cache=model.make_cache)
+    biased = dataclasses.replace(dec, close_bias=1.5)
+    plain = in_batches(model, SmallTok(), prompts, dec, **kw)
+    want = in_batches(model, SmallTok(), prompts, biased, **kw)
     assert sum(steps(want)) > sum(steps(plain))  # the bias made the calls longer
-    assert refill_writes(model, SmallTok(), prompts, pool=POOL, close_bias=1.5, **kw) == want
+    assert refill_writes(model, SmallTok(), prompts, biased, pool=POOL, **kw) == want
 
 
 # ------------------------------------------------------------------------------------------- item bans
@@ -107,13 +108,13 @@ def test_refilled_writes_with_item_bans_equal_fixed_batches(late):
     model = PolicyModel(looping_writer, BTOK.vocab_size)
     prompts = [BTOK.encode(f"Text {i}. S:{'abcdefg'[:n]}") + [MEM_WRITE]
                for i, n in enumerate([1, 5, 2, 4, 3, 1, 6, 2, 3, 1])]
-    kw = dict(max_new_tokens=48, late_stopping=late, make_cache=model.make_cache, share_prefixes=False,
-              bans=ban_spec(BTOK, 4))
-    want = in_batches(model, BTOK, prompts, **kw)
+    dec = WriteDecoding(48, late_stopping=late, bans=ban_spec(BTOK, 4))
+    kw = dict(make_cache=model.make_cache, share_prefixes=False)
+    want = in_batches(model, BTOK, prompts, dec, **kw)
     stops = {o["stop"] for o in want}
     assert "repeat" in stops and len(stops) == 2  # some rows ran out of bans, the others closed
     assert len(set(steps(want))) > 3
-    assert refill_writes(model, BTOK, prompts, pool=POOL, refill_at=1, **kw) == want
+    assert refill_writes(model, BTOK, prompts, dec, pool=POOL, refill_at=1, **kw) == want
 
 
 # ------------------------------------------------------------------------------------------- the real decoder
@@ -143,11 +144,11 @@ def test_refilled_writes_of_documents_sharing_their_pretext_on_the_real_decoder(
             for k in range(3)]
     prompts = [ids for d in docs for _, ids in iter_write_prompts(d, TOK)]
     assert prefix.plan_sharing(prompts[:POOL]).saved >= prefix.MIN_SAVED  # the first fill shares
-    kw = dict(max_new_tokens=24, late_stopping=False, split=split)
-    want = in_batches(model, TOK, prompts, **kw)
+    dec, kw = WriteDecoding(24, late_stopping=False), dict(split=split)
+    want = in_batches(model, TOK, prompts, dec, **kw)
     assert len(set(steps(want))) > 4
     trace = []
-    got = refill_writes(model, TOK, prompts, pool=POOL, refill_at=1, trace=trace, **kw)
+    got = refill_writes(model, TOK, prompts, dec, pool=POOL, refill_at=1, trace=trace, **kw)
     assert len(trace) > 2 * len(prompts) // POOL
     exact = ("ids", "text", "cut", "n_cuts", "n_generated", "stop")
     assert [{k: o[k] for k in exact} for o in got] == [{k: o[k] for k in exact} for o in want]
@@ -186,7 +187,7 @@ def test_write_corpus_with_refill_adds_the_same_triples_in_the_same_order():
     runs = {}
     for refill in (False, True):
         mem, reported = ListMemory(), []
-        stats = write_corpus(model, TOK, mem, docs, batch_size=POOL, max_new_tokens=96, late_stopping=False,
+        stats = write_corpus(model, TOK, mem, docs, WriteDecoding(96, late_stopping=False), batch_size=POOL,
                              make_cache=model.make_cache, refill=refill,
                              on_batch=lambda s, done, seen=reported: seen.append(list(done)))
         runs[refill] = mem.added, stats, reported

@@ -7,7 +7,7 @@ import pytest
 from memllm_jax import protocol
 from memllm_jax.decode.scripted import CharTokenizer, PolicyModel, TableModel
 from memllm_jax.decode.corpus_writer import write_corpus
-from memllm_jax.decode.writer import decode_writes, item_confidences, repeat_length
+from memllm_jax.decode.writer import WriteDecoding, decode_writes, item_confidences, repeat_length
 
 TOK = CharTokenizer()
 CLOSE = TOK.marker_id[protocol.CALL_END]
@@ -61,7 +61,7 @@ def test_late_stopping_matches_brute_force_on_random_logits(seed, late):
     table[:, :, 3] += 1.2  # the closing token is often, not always, the top choice
     table[:, :, 2] -= 1.0  # EOS now and then
     prompts = [[1] + rng.integers(5, V, size=n).tolist() + [4] for n in (3, 7, 1, 12, 5, 9)]
-    outs = decode_writes(TableModel(table), SmallTok(), prompts, max_new_tokens=40, late_stopping=late,
+    outs = decode_writes(TableModel(table), SmallTok(), prompts, WriteDecoding(40, late_stopping=late),
                          make_cache=TableModel(table).make_cache)
     n_cuts = 0
     for prompt, out in zip(prompts, outs):
@@ -103,8 +103,8 @@ def test_write_corpus_cuts_at_best_point_and_records_provenance():
     mem = RecordingMemory()
     docs = [("d1", ["First sentence.", "Second one."]), ("d2", ["Only ({MEM_WRITE--> x>>y>>z}) here."])]
     seen = []
-    stats = write_corpus(PolicyModel(write_policy, TOK.vocab_size), TOK, mem, docs, batch_size=2,
-                         max_new_tokens=48, make_cache=PolicyModel(write_policy, TOK.vocab_size).make_cache,
+    stats = write_corpus(PolicyModel(write_policy, TOK.vocab_size), TOK, mem, docs, WriteDecoding(48), batch_size=2,
+                         make_cache=PolicyModel(write_policy, TOK.vocab_size).make_cache,
                          on_batch=lambda s, done: seen.extend(done))
     assert stats.sentences == 3 and stats.documents == 2 and stats.no_cut == 0
     assert mem.added == [([protocol.Triple("a", "r", "b")], "d1/0"), ([protocol.Triple("a", "r", "b")], "d1/1"),
@@ -125,8 +125,8 @@ def endless_policy(ctx):
 def test_call_cut_by_the_budget_writes_its_closed_items_only():
     mem = RecordingMemory()
     model = PolicyModel(endless_policy, TOK.vocab_size)
-    stats = write_corpus(model, TOK, mem, [("d1", ["A sentence."])], batch_size=1, max_new_tokens=12,
-                         make_cache=model.make_cache, late_stopping=False)
+    stats = write_corpus(model, TOK, mem, [("d1", ["A sentence."])], WriteDecoding(12, late_stopping=False),
+                         batch_size=1, make_cache=model.make_cache)
     # 12 tokens: `a>>r>>b;c>>r` - the unfinished `c>>r` is dropped, not written as a triple
     assert stats.no_cut == 1 and stats.malformed == 0
     assert mem.added == [([protocol.Triple("a", "r", "b")], "d1/0")]
@@ -151,8 +151,9 @@ def test_a_looping_call_stops_once_it_has_repeated_itself():
     for stop in (False, True):
         mem = RecordingMemory()
         model = PolicyModel(endless_policy, TOK.vocab_size)
-        stats = write_corpus(model, TOK, mem, [("d1", ["A sentence."])], batch_size=1, max_new_tokens=90,
-                             make_cache=model.make_cache, late_stopping=False, stop_repeats=stop)
+        stats = write_corpus(model, TOK, mem, [("d1", ["A sentence."])],
+                             WriteDecoding(90, late_stopping=False, stop_repeats=stop), batch_size=1,
+                             make_cache=model.make_cache)
         runs[stop] = stats.tokens, stats.repeats, {t for triples, _ in mem.added for t in triples}
     assert runs[False][:2] == (90, 0) and runs[True][:2] == (32, 1)
     assert runs[True][2] == runs[False][2] == {protocol.Triple("a", "r", "b"), protocol.Triple("c", "r", "d")}
@@ -188,7 +189,7 @@ def test_grounded_write_corpus_drops_names_not_in_the_text():
     docs = [("d1", ["a met b.", "Then a left.", "Nothing here."]), ("d2", ["Only b."])]
     for relations, kept in ((None, ["d1/0", "d1/1"]), ({"r"}, ["d1/0", "d1/1"]), ({"s"}, [])):
         mem = RecordingMemory()
-        stats = write_corpus(model, TOK, mem, docs, batch_size=2, max_new_tokens=48, make_cache=model.make_cache,
+        stats = write_corpus(model, TOK, mem, docs, WriteDecoding(48), batch_size=2, make_cache=model.make_cache,
                              grounded=True, relations=relations)
         assert [src for _, src in mem.added] == kept
         assert stats.ungrounded == [protocol.Triple("a", "r", "b")] * (4 - len(kept))
@@ -229,8 +230,8 @@ def test_min_confidence_drops_the_items_the_model_hesitated_on():
     model = PolicyModel(unsure_policy, TOK.vocab_size)
     for min_confidence, kept in ((None, ["a", "c"]), (-0.5, ["a", "c"]), (-0.1, ["a"])):
         mem = RecordingMemory()
-        stats = write_corpus(model, TOK, mem, [("d1", ["a met b."])], batch_size=1, max_new_tokens=32,
-                             make_cache=model.make_cache, late_stopping=False, min_confidence=min_confidence)
+        stats = write_corpus(model, TOK, mem, [("d1", ["a met b."])], WriteDecoding(32, late_stopping=False),
+                             batch_size=1, make_cache=model.make_cache, min_confidence=min_confidence)
         assert [t.subject for t in mem.added[0][0]] == kept
         assert [t.subject for t in stats.unconfident] == [s for s in "ac" if s not in kept]
 
@@ -254,13 +255,13 @@ def test_close_bias_writes_the_items_after_an_early_close_at_their_own_confidenc
     for bias, min_confidence, kept in ((0.0, None, "a"), (0.5, None, "a"), (2.0, None, "ac"), (2.0, -1.0, "a"),
                                        (2.0, -1.5, "ac")):
         mem = RecordingMemory()
-        stats = write_corpus(model, TOK, mem, [("d1", ["a met b, c met d."])], batch_size=1, max_new_tokens=32,
-                             make_cache=model.make_cache, late_stopping=False, min_confidence=min_confidence,
-                             close_bias=bias)
+        stats = write_corpus(model, TOK, mem, [("d1", ["a met b, c met d."])],
+                             WriteDecoding(32, late_stopping=False, close_bias=bias), batch_size=1,
+                             make_cache=model.make_cache, min_confidence=min_confidence)
         assert "".join(t.subject for t in mem.added[0][0]) == kept, (bias, min_confidence)
         assert stats.no_cut == 0
     out = decode_writes(model, TOK, [[TOK.bos_id] + TOK.encode("x") + [TOK.marker_id[protocol.MEM_WRITE]]],
-                        max_new_tokens=32, make_cache=model.make_cache, late_stopping=False, close_bias=2.0)[0]
+                        WriteDecoding(32, late_stopping=False, close_bias=2.0), make_cache=model.make_cache)[0]
     confidence = item_confidences(TOK, out["ids"], out["logps"])
     assert confidence[protocol.Triple("c", "r", "d")] == pytest.approx(-np.log1p(np.exp(1.0)), abs=1e-4)
     assert confidence[protocol.Triple("a", "r", "b")] > -1e-3
@@ -273,8 +274,8 @@ def test_scored_writes_fill_a_memory_as_a_write_at_that_threshold_would():
 
     model = PolicyModel(unsure_policy, TOK.vocab_size)
     docs = [("d1", ["a met b.", "Then c."]), ("d2", ["a met b."])]
-    write = lambda mem, mc: write_corpus(model, TOK, mem, docs, batch_size=2, max_new_tokens=32,  # noqa: E731
-                                         make_cache=model.make_cache, late_stopping=False, min_confidence=mc)
+    write = lambda mem, mc: write_corpus(model, TOK, mem, docs, WriteDecoding(32, late_stopping=False),  # noqa: E731
+                                         batch_size=2, make_cache=model.make_cache, min_confidence=mc)
     everything = write(RecordingMemory(), -float("inf"))
     assert [(src, t.subject) for src, t, _ in everything.scored] == [
         ("d1/0", "a"), ("d1/0", "c"), ("d1/1", "a"), ("d1/1", "c"), ("d2/0", "a"), ("d2/0", "c")]
@@ -315,10 +316,61 @@ def test_edits_are_written_with_the_memory_stages_checks():
 
     model = PolicyModel(unsure_policy, TOK.vocab_size)
     recs = [EditRecord("a met", "a saw", "b", "x", statement="a met b and c, not d.")]
-    write = lambda **checks: extract_edits(model, TOK, recs, batch_size=1, max_new_tokens=32,  # noqa: E731
-                                           late_stopping=False, **checks)
+    write = lambda **checks: extract_edits(model, TOK, recs, WriteDecoding(32, late_stopping=False),  # noqa: E731
+                                           batch_size=1, **checks)
     ab, cd = protocol.Triple("a", "r", "b"), protocol.Triple("c", "r", "d")
     assert write() == [[ab, cd]]
     assert write(grounded=True, relations={"r"}) == [[ab, cd]]
     assert write(grounded=True, relations={"s"}) == [[]]  # unknown relation
     assert write(min_confidence=-0.1) == [[ab]]  # the model hesitated on `d`
+
+
+FIELD_TOK = CharTokenizer(extra=[">>"])
+"""`>>` as one token, as repeated-item bans need."""
+
+
+def test_decoding_settings_the_loop_cannot_use_are_refused_by_name():
+    """`WriteDecoding` refuses a non-finite bias and empty budgets, `write_decoding` negative bans; each message
+    starts with the setting's name, which the CLI and the pipeline turn into their own option's name."""
+    from memllm_jax.decode.writer import write_decoding, write_spec
+
+    for bad, start in ((dict(close_bias=float("nan")), "close_bias nan:"), (dict(close_bias=float("inf")), "close_bias inf:"),
+                       (dict(max_new_tokens=0), "max_new_tokens 0:"), (dict(patience=0), "patience 0:")):
+        with pytest.raises(ValueError) as err:
+            WriteDecoding(**bad)
+        assert str(err.value).startswith(start)
+    with pytest.raises(ValueError, match="^ban_repeats -1: must be 0"):
+        write_decoding(TOK, ban_repeats=-1)
+    with pytest.raises(ValueError, match="^ban_repeats 3: repeated-item bans need '>>' to be one token"):
+        write_decoding(TOK, ban_repeats=3)  # this tokenizer spells `>>` in two tokens
+    decoding = write_decoding(FIELD_TOK, ban_repeats=3, max_new_tokens=20, late_stopping=False, close_bias=1.0)
+    assert decoding.bans.max_bans == 3 and decoding.copy is None
+    spec = write_spec(FIELD_TOK, decoding, max_len=64)  # the loop's settings: every decoding field, and the token ids
+    assert (spec.max_new_tokens, spec.late_stopping, spec.bans, spec.close_bias, spec.max_len) == (
+        20, False, decoding.bans, 1.0, 64) and spec.close_id == FIELD_TOK.marker_id[protocol.CALL_END]
+
+
+def test_the_pipeline_writes_its_memory_and_its_edits_with_one_decoding(monkeypatch):
+    """The memory stage's decoding comes from the config's `write_*` settings; Table 3's edits take the same with an
+    edit's budget; a refused setting names the config field."""
+    import dataclasses
+    import types
+
+    from experiments import stages
+    from experiments.pipeline_config import PipelineConfig
+    from memllm_jax.errors import InputError
+    from memllm_jax.eval.editing import EDIT_WRITE_TOKENS
+
+    monkeypatch.setattr(stages, "_labels", lambda self: {"P1": "r"})
+    cfg = PipelineConfig(write_grounded=True, write_late_stopping=False, write_max_new_tokens=48, write_ban_repeats=4,
+                         write_close_bias=2.0, write_stop_repeats=True)
+    pipe = types.SimpleNamespace(cfg=cfg, tokenizer=lambda: FIELD_TOK)
+    budget = stages._write_budget(pipe, -1.0)
+    assert budget["decoding"] == WriteDecoding(48, late_stopping=False, bans=budget["decoding"].bans, close_bias=2.0,
+                                               stop_repeats=True)
+    assert budget["decoding"].bans.max_bans == 4 and budget["relations"] == {"r"} and budget["min_confidence"] == -1.0
+    edits = stages._edit_checks(pipe)
+    assert edits == {"write_decoding": dataclasses.replace(budget["decoding"], max_new_tokens=EDIT_WRITE_TOKENS)}
+    pipe.cfg = dataclasses.replace(cfg, write_close_bias=float("nan"))
+    with pytest.raises(InputError, match="^PipelineConfig.write_close_bias nan: must be a finite number"):
+        stages._write_budget(pipe, None)

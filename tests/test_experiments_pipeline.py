@@ -275,6 +275,7 @@ def test_mw_learning_curve_writes_with_each_export(tmp_path):
     from experiments.stages import _documents, _mw_curve
     from memllm_jax.config import TINY, MeshConfig
     from memllm_jax.decode.corpus_writer import write_corpus
+    from memllm_jax.decode.writer import WriteDecoding
     from memllm_jax.eval.write_quality import write_agreement
     from memllm_jax.memory import TripleMemory, load_encoder
     from memllm_jax.train import loop
@@ -296,8 +297,8 @@ def test_mw_learning_curve_writes_with_each_export(tmp_path):
     assert [p["step"] for p in curve] == [1, 3] and curve[1] == {"step": 3, **final}
     docs = _documents(pipe, "eval")
     mem = TripleMemory(load_encoder("hash:32"))
-    st = write_corpus(loop.load_trained_model(str(tmp_path / "train" / "mw"), step=1), tok, mem, docs, batch_size=16,
-                      max_new_tokens=12, late_stopping=False)
+    st = write_corpus(loop.load_trained_model(str(tmp_path / "train" / "mw"), step=1), tok, mem, docs,
+                      WriteDecoding(12, late_stopping=False), batch_size=16)
     expect = write_agreement(mem.records(), [t for d in docs for t in gold_triples(d)])
     assert curve[0]["sentences"] == st.sentences > 0
     assert {k: curve[0][k] for k in expect if k in curve[0]} == {k: v for k, v in expect.items() if k in curve[0]}

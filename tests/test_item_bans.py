@@ -6,7 +6,7 @@ import pytest
 from memllm_jax import protocol
 from memllm_jax.decode.item_bans import ban_spec, span_hash
 from memllm_jax.decode.scripted import CharTokenizer, PolicyModel
-from memllm_jax.decode.writer import decode_writes
+from memllm_jax.decode.writer import WriteDecoding, decode_writes
 
 TOK = CharTokenizer(extra=[">>"])
 CLOSE = TOK.marker_id[protocol.CALL_END]
@@ -36,8 +36,8 @@ def scripted(subjects: str, relations: str, objects: dict[str, str]):
 
 def decode(model, n_bans: int | None, field: int = 0, max_new_tokens: int = 60, prompts=(PROMPT,)):
     bans = None if n_bans is None else ban_spec(TOK, n_bans, field)
-    return decode_writes(model, TOK, list(prompts), max_new_tokens=max_new_tokens, late_stopping=False,
-                         make_cache=model.make_cache, share_prefixes=False, bans=bans)
+    return decode_writes(model, TOK, list(prompts), WriteDecoding(max_new_tokens, late_stopping=False, bans=bans),
+                         make_cache=model.make_cache, share_prefixes=False)
 
 
 def items(out: dict) -> list[tuple[str, str, str]]:
@@ -108,8 +108,8 @@ def test_with_late_stopping_the_call_is_cut_at_its_best_point_after_the_rewinds(
     """Late stopping records a cut point once both subjects are banned and takes the runner-up (a junk token);
     the call is cut at the best point: the two items and the closing token."""
     model = scripted("ac", "r", {"a": "b", "c": "d"})
-    out, = decode_writes(model, TOK, [PROMPT], max_new_tokens=60, late_stopping=True, make_cache=model.make_cache,
-                         share_prefixes=False, bans=ban_spec(TOK, 8))
+    out, = decode_writes(model, TOK, [PROMPT], WriteDecoding(60, late_stopping=True, bans=ban_spec(TOK, 8)),
+                         make_cache=model.make_cache, share_prefixes=False)
     assert out["text"] == "({MEM_WRITE-->a>>r>>b;c>>r>>d;})" and out["cut"] == len(TOK.encode("a>>r>>b;c>>r>>d;"))
 
 

@@ -206,7 +206,7 @@ def main(args: argparse.Namespace) -> int:
     from memllm_jax.decode.reader import generate_with_memory
     from memllm_jax.decode.refill import refill_writes
     from memllm_jax.decode.corpus_writer import iter_write_prompts, write_corpus, WriteDocument
-    from memllm_jax.decode.writer import decode_writes
+    from memllm_jax.decode.writer import WriteDecoding, decode_writes
     from memllm_jax.model.hf import save_hf
 
     model, tok = build(model_shape(args))
@@ -248,11 +248,12 @@ def main(args: argparse.Namespace) -> int:
     n_doc_sents = 8 * n_docs
     sliding = WriteDocument.from_sentences("d", [sentence(i) for i in range(n_sentences)])
     write_prompts = [ids for _, ids in iter_write_prompts(sliding, tok, pretext_sentences=2)]
+    decoding = WriteDecoding(max_new_tokens=WRITE_NEW_TOKENS)
 
     def corpus(batch, share=True, key=None, refill=False):
         def run():
             mem = ListMemory()
-            write_corpus(model, tok, mem, docs, batch_size=batch, max_new_tokens=WRITE_NEW_TOKENS, share_prefixes=share,
+            write_corpus(model, tok, mem, docs, decoding, batch_size=batch, share_prefixes=share,
                          refill=refill)
             counts[key] = mem.added
         return run
@@ -260,14 +261,13 @@ def main(args: argparse.Namespace) -> int:
     def writes_batched():  # consecutive batches of --batch prompts
         counts["w_batched"] = [o for s in range(0, len(write_prompts), args.batch)
                                for o in decode_writes(model, tok, write_prompts[s:s + args.batch],
-                                                      max_new_tokens=WRITE_NEW_TOKENS, pad_to=args.batch)]
+                                                      decoding, pad_to=args.batch)]
 
     def writes_refilled():
-        counts["w_refilled"] = refill_writes(model, tok, write_prompts, pool=args.batch,
-                                             max_new_tokens=WRITE_NEW_TOKENS)
+        counts["w_refilled"] = refill_writes(model, tok, write_prompts, decoding, pool=args.batch)
 
     def writes_sequential():
-        counts["w_seq"] = [decode_writes(model, tok, [p], max_new_tokens=WRITE_NEW_TOKENS)[0] for p in write_prompts]
+        counts["w_seq"] = [decode_writes(model, tok, [p], decoding)[0] for p in write_prompts]
 
     rows, notes = [], []
     if args.part != "write":
@@ -302,7 +302,7 @@ def main(args: argparse.Namespace) -> int:
                     repeats=args.repeats)
 
     doc_prompts = [ids for d in docs for _, ids in iter_write_prompts(d, tok)]
-    doc_outs = [decode_writes(model, tok, [p], max_new_tokens=WRITE_NEW_TOKENS)[0] for p in doc_prompts]
+    doc_outs = [decode_writes(model, tok, [p], decoding)[0] for p in doc_prompts]
     useful, executed = write_flops(model.cfg, args.batch, doc_prompts, doc_outs, write_prompts, counts["w_seq"])
 
     def of_ceiling(name, flops):

@@ -12,10 +12,9 @@ import re
 from typing import Any, Collection, Iterable, Iterator, Sequence
 
 from memllm_jax import protocol
-from memllm_jax.decode import copy_names, item_bans
 from memllm_jax.decode.loop import split_model
 from memllm_jax.decode.refill import iter_refill_writes
-from memllm_jax.decode.writer import PATIENCE, decode_writes, item_confidences
+from memllm_jax.decode.writer import WriteDecoding, decode_writes, item_confidences
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,15 +224,14 @@ class _Book:
         return sentence.doc_id
 
 
-def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_size: int = 16,
-                 max_new_tokens: int = 128, pretext_sentences: int = 10, max_prompt_tokens: int = 384,
-                 late_stopping: bool = True, patience: int = PATIENCE, make_cache=None,
+def write_corpus(model, tokenizer, memory, documents: Iterable[Any], decoding: WriteDecoding = WriteDecoding(), *,
+                 batch_size: int = 16, pretext_sentences: int = 10, max_prompt_tokens: int = 384, make_cache=None,
                  on_batch=None, share_prefixes: bool = True, grounded: bool = False,
                  relations: Collection[str] | None = None, min_confidence: float | None = None,
-                 stop_repeats: bool = False, ban_repeats: int = 0, refill: bool = False,
-                 copied_names: bool = False, close_bias: float = 0.0) -> WriteStats:
+                 refill: bool = False) -> WriteStats:
     """Extract triples from every sentence of `documents` and add them to `memory`, sentence by sentence in
-    corpus order.
+    corpus order, each call decoded as `decoding` says (`writer.WriteDecoding`, built from a user's settings by
+    `writer.write_decoding`).
 
     `refill=False`: consecutive batches of `batch_size` sentences, mixing consecutive documents; the prompts of
     one document share their pretext, which is prefilled once per batch (`share_prefixes`). `on_batch(stats,
@@ -247,32 +245,24 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], *, batch_si
     among `relations` if given); the others are counted in `WriteStats.ungrounded`, not written.
     `min_confidence`: keep only the triples whose weakest token the model chose with at least this
     log-probability (`item_confidences`); the others are counted in `WriteStats.unconfident`.
-    `stop_repeats`: a call that loops stops once repeated (`decode_writes`), counted in `WriteStats.repeats`.
-    `ban_repeats` > 0: a call never writes an item twice; it takes its next choice instead, at most that many
-    times (`item_bans`; a row out of bans stops and is counted in `WriteStats.repeats`).
-    `copied_names`: names are copied from the prompt's text and relations are among `relations` (if given) as the
-    call is decoded (`copy_names`).
-    `close_bias` > 0: the closing token `})` is chosen as if its logit were that much lower, so calls run on to
-    items the model would otherwise leave out (`writer.WriteSpec.close_bias`).
+    Calls stopped for repeating themselves (`decoding.stop_repeats`) or out of item bans (`decoding.bans`) are
+    counted in `WriteStats.repeats`.
     """
     book = _Book(memory, tokenizer, grounded, relations, min_confidence, on_batch)
-    bans = item_bans.ban_spec(tokenizer, ban_repeats) if ban_repeats > 0 else None
-    copy = copy_names.copy_spec(tokenizer, relations) if copied_names else None
-    decode = dict(max_new_tokens=max_new_tokens, late_stopping=late_stopping, patience=patience,
-                  make_cache=make_cache, share_prefixes=share_prefixes, split=split_model(model),
-                  stop_repeats=stop_repeats, bans=bans, copy=copy, close_bias=close_bias)
+    decode = dict(make_cache=make_cache, share_prefixes=share_prefixes, split=split_model(model))
     documents = _corpus_prompts(documents, tokenizer, pretext_sentences, max_prompt_tokens)
-    (_write_refilled if refill else _write_batched)(model, tokenizer, book, documents, batch_size, decode)
+    (_write_refilled if refill else _write_batched)(model, tokenizer, book, documents, batch_size, decoding, decode)
     return book.stats
 
 
-def _write_batched(model, tokenizer, book: _Book, documents, batch_size: int, decode: dict) -> None:
+def _write_batched(model, tokenizer, book: _Book, documents, batch_size: int, decoding: WriteDecoding,
+                   decode: dict) -> None:
     pending: list[_Sentence] = []
 
     def flush(final: bool) -> None:
         while pending and (final or len(pending) >= batch_size):
             batch, pending[:] = pending[:batch_size], pending[batch_size:]
-            outs = decode_writes(model, tokenizer, [p.ids for p in batch], pad_to=batch_size, **decode)
+            outs = decode_writes(model, tokenizer, [p.ids for p in batch], decoding, pad_to=batch_size, **decode)
             book.report([d for d in (book.record(p, out) for p, out in zip(batch, outs)) if d is not None])
 
     for doc_id, sentences in documents:
@@ -282,7 +272,8 @@ def _write_batched(model, tokenizer, book: _Book, documents, batch_size: int, de
     flush(True)
 
 
-def _write_refilled(model, tokenizer, book: _Book, documents, batch_size: int, decode: dict) -> None:
+def _write_refilled(model, tokenizer, book: _Book, documents, batch_size: int, decoding: WriteDecoding,
+                    decode: dict) -> None:
     """The whole corpus's prompts are read first (the pool's cache fits the longest); calls finish out of order
     and are recorded in corpus order, so the memory is the one `_write_batched` gives (up to prefill rounding)."""
     sentences: list[_Sentence] = []
@@ -291,7 +282,8 @@ def _write_refilled(model, tokenizer, book: _Book, documents, batch_size: int, d
         sentences += doc_sentences
     outs: dict[int, dict] = {}
     recorded = 0
-    for finished in iter_refill_writes(model, tokenizer, [p.ids for p in sentences], pool=batch_size, **decode):
+    for finished in iter_refill_writes(model, tokenizer, [p.ids for p in sentences], decoding, pool=batch_size,
+                                       **decode):
         outs.update(finished)
         done = []
         while recorded in outs:

@@ -21,10 +21,10 @@ from typing import Iterator, Sequence
 import jax
 import jax.numpy as jnp
 
-from memllm_jax.decode import copy_names, item_bans, state as st
+from memllm_jax.decode import copy_names, state as st
 from memllm_jax.decode.loop import _layered, cache_factory, merge, split_model, vocab_size
-from memllm_jax.decode.writer import (PATIENCE, WriteSpec, _write_step, cache_slots, decode_writes, host_rows,
-                                      initial_state, prefill_prompts, row_results, write_spec)
+from memllm_jax.decode.writer import (WriteDecoding, WriteSpec, _write_step, cache_slots, decode_writes, host_rows,
+                                      initial_state, prefill_prompts, row_results, sized_for, write_spec)
 
 REFILL_FRACTION = 0.25
 """Default `refill_at` as a fraction of the pool (`default_refill_at`). Refilling at every stop costs a loop exit
@@ -109,15 +109,13 @@ def _run(graphdef, params, s: st.WriteState, exit_at_rows, spec: WriteSpec) -> t
     return jax.lax.while_loop(more, lambda c: (_write_step(model, spec, c[0]), c[1] + 1), (s, jnp.int32(0)))
 
 
-def iter_refill_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, pool: int = 16,
-                       refill_at: int | None = None, max_new_tokens: int = 128, late_stopping: bool = True,
-                       patience: int = PATIENCE, make_cache=None, share_prefixes: bool = True, split=None,
-                       stop_repeats: bool = False, bans: item_bans.BanSpec | None = None,
-                       copy: copy_names.CopySpec | None = None, close_bias: float = 0.0,
+def iter_refill_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]],
+                       decoding: WriteDecoding = WriteDecoding(), *, pool: int = 16, refill_at: int | None = None,
+                       make_cache=None, share_prefixes: bool = True, split=None,
                        trace: list | None = None) -> Iterator[list[tuple[int, dict]]]:
     """Decode the write call after every prompt in a pool of `pool` rows, refilled as rows stop. Yields after each
     loop exit the (prompt index, result) pairs of the calls that ended, in any order; results are those of
-    `decode_writes` (same settings). `refill_at`: rows that must have stopped before the loop exits to refill
+    `decode_writes` (same `decoding`). `refill_at`: rows that must have stopped before the loop exits to refill
     them (default `default_refill_at`). `trace`: a list that gets, per loop call, the prompt indices filled
     before it and the steps it ran (`bench.roofline.refill_schedule` predicts it)."""
     prompts = [list(p) for p in prompt_ids]
@@ -125,17 +123,14 @@ def iter_refill_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *,
         return
     graphdef, params = split_model(model) if split is None else split
     make_cache = cache_factory(model) if make_cache is None else make_cache
-    max_len = cache_slots(max(map(len, prompts)), max_new_tokens)
-    copy = None if copy is None else copy_names.with_room_for(copy, prompts)
-    spec = write_spec(tokenizer, max_new_tokens, max_len, late_stopping=late_stopping, patience=patience,
-                      stop_repeats=stop_repeats, bans=bans, copy=copy, close_bias=close_bias)
+    max_len = cache_slots(max(map(len, prompts)), decoding.max_new_tokens)
+    decoding = sized_for(decoding, prompts)
+    spec = write_spec(tokenizer, decoding, max_len)
     axes = row_axes(graphdef, params, make_cache, pool, max_len)
     if axes is None:  # nothing to graft along: today's consecutive batches
         for start in range(0, len(prompts), pool):
-            outs = decode_writes(model, tokenizer, prompts[start:start + pool], pad_to=pool,
-                                 max_new_tokens=max_new_tokens, late_stopping=late_stopping, patience=patience,
-                                 make_cache=make_cache, share_prefixes=share_prefixes, split=(graphdef, params),
-                                 stop_repeats=stop_repeats, bans=bans, copy=copy, close_bias=close_bias)
+            outs = decode_writes(model, tokenizer, prompts[start:start + pool], decoding, pad_to=pool,
+                                 make_cache=make_cache, share_prefixes=share_prefixes, split=(graphdef, params))
             yield list(enumerate(outs, start))
         return
     refill_at = default_refill_at(pool) if refill_at is None else max(1, refill_at)
@@ -180,10 +175,11 @@ def _fill(graphdef, params, make_cache, vocab: int, spec: WriteSpec, axes: tuple
     return s
 
 
-def refill_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, pool: int = 16, **kwargs) -> list[dict]:
+def refill_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], decoding: WriteDecoding = WriteDecoding(), *,
+                  pool: int = 16, **kwargs) -> list[dict]:
     """`iter_refill_writes`' results in prompt order: what `decode_writes` gives each prompt, decoded in a pool of
     `pool` rows refilled with the next prompts as its rows stop."""
     outs: dict[int, dict] = {}
-    for done in iter_refill_writes(model, tokenizer, prompt_ids, pool=pool, **kwargs):
+    for done in iter_refill_writes(model, tokenizer, prompt_ids, decoding, pool=pool, **kwargs):
         outs.update(done)
     return [outs[i] for i in range(len(outs))]

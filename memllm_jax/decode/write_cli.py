@@ -30,6 +30,8 @@ from memllm_jax.errors import InputError, read_text
 from memllm_jax.files import atomic_write_json
 
 PROGRESS = "write_progress.json"
+DECODING_FLAGS = {"copied_names": "--copy-names", "late_stopping": "--no-late-stopping"}
+"""The flags of the `writer.WriteDecoding` settings not named after them."""
 _SENT_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -152,16 +154,17 @@ def read_progress(progress_path: pathlib.Path) -> dict:
     return state
 
 
-def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path, *, batch_size=16,
-              max_new_tokens=128, pretext_sentences=10, late_stopping=True, save_every=20, restart=False,
-              progress_bar=True, shard: tuple[int, int] = (0, 1), grounded=False, relations=None,
-              min_confidence=None, stop_repeats=False, ban_repeats=0, copied_names=False, close_bias=0.0):
-    """Write `corpus` into `memory` (saved to `memory_dir`), skipping documents finished earlier.
+def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path, decoding=None, *, batch_size=16,
+              pretext_sentences=10, save_every=20, restart=False, progress_bar=True, shard: tuple[int, int] = (0, 1),
+              grounded=False, relations=None, min_confidence=None):
+    """Write `corpus` into `memory` (saved to `memory_dir`), skipping documents finished earlier; each call decoded
+    as `decoding` says (`writer.WriteDecoding`; None: its defaults).
 
     `shard=(I, N)`: only the documents k with k % N == I (k = the record's index in the corpus)."""
     from tqdm import tqdm
 
     from memllm_jax.decode.corpus_writer import write_corpus
+    from memllm_jax.decode.writer import WriteDecoding
 
     check_shard(*shard)
     progress_path = memory_dir / PROGRESS
@@ -195,11 +198,9 @@ def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path
         if batches[0] % save_every == 0:
             checkpoint()
 
-    stats = write_corpus(model, tok, memory, docs, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                         pretext_sentences=pretext_sentences, late_stopping=late_stopping, on_batch=on_batch,
-                         grounded=grounded, relations=relations, min_confidence=min_confidence,
-                         stop_repeats=stop_repeats, ban_repeats=ban_repeats, copied_names=copied_names,
-                         close_bias=close_bias)
+    stats = write_corpus(model, tok, memory, docs, WriteDecoding() if decoding is None else decoding,
+                         batch_size=batch_size, pretext_sentences=pretext_sentences, on_batch=on_batch,
+                         grounded=grounded, relations=relations, min_confidence=min_confidence)
     checkpoint()
     bar.close()
     return stats
@@ -207,6 +208,7 @@ def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path
 
 def main(args: argparse.Namespace) -> int:
     from memllm_jax.decode.io import load_model, open_memory
+    from memllm_jax.decode.writer import write_decoding
 
     shard = (args.process_index, args.process_count)
     check_shard(*shard)
@@ -216,14 +218,19 @@ def main(args: argparse.Namespace) -> int:
 
         relations = set(load_relation_labels(args.labels).values())
     model, tok = load_model(args.model, args.tokenizer)
+    try:  # before the memory directory is opened: a refused option leaves nothing behind
+        decoding = write_decoding(tok, ban_repeats=args.ban_repeats, copied_names=args.copy_names, relations=relations,
+                                  max_new_tokens=args.max_new_tokens, late_stopping=not args.no_late_stopping,
+                                  stop_repeats=args.stop_repeats, close_bias=args.close_bias)
+    except ValueError as exc:
+        field, _, problem = str(exc).partition(" ")  # the setting's name, then its value and the problem
+        raise SystemExit(f"{DECODING_FLAGS.get(field, '--' + field.replace('_', '-'))} {problem}") from exc
     memory = open_memory(args.memory, args.encoder)
     try:
-        stats = run_write(model, tok, memory, args.memory, args.corpus, batch_size=args.batch_size,
-                          max_new_tokens=args.max_new_tokens, pretext_sentences=args.pretext_sentences,
-                          late_stopping=not args.no_late_stopping, save_every=args.save_every, restart=args.restart,
+        stats = run_write(model, tok, memory, args.memory, args.corpus, decoding, batch_size=args.batch_size,
+                          pretext_sentences=args.pretext_sentences, save_every=args.save_every, restart=args.restart,
                           shard=shard, grounded=args.grounded, relations=relations,
-                          min_confidence=args.min_confidence, stop_repeats=args.stop_repeats,
-                          ban_repeats=args.ban_repeats, copied_names=args.copy_names, close_bias=args.close_bias)
+                          min_confidence=args.min_confidence)
     except CorpusError as exc:
         raise SystemExit(str(exc)) from exc
     print(json.dumps({**stats.__dict__, "ungrounded": len(stats.ungrounded), "unconfident": len(stats.unconfident),

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Iterable, Sequence
+import math
+from typing import Collection, Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -45,14 +46,16 @@ any item `s>>r>>o;` of a real relation label, so a shorter repeat is a name's ow
 
 
 @dataclasses.dataclass(frozen=True)
-class WriteSpec:
-    max_new_tokens: int
-    close_id: int
-    eos_id: int
-    max_len: int
-    patience: int = PATIENCE
+class WriteDecoding:
+    """How memory-write calls are decoded: every option a caller chooses, passed whole from `memllm write`, the
+    pipeline's config and Table 3's edits down to the loop (`write_decoding` builds it from the user's settings;
+    `write_spec` adds what follows from the tokenizer and the prompts)."""
+    max_new_tokens: int = 128
+    """The call body's token budget."""
     late_stopping: bool = True
     """False: plain greedy decoding that ends at the first `})`."""
+    patience: int = PATIENCE
+    """K of late stopping (module docstring)."""
     stop_repeats: bool = False
     """Stop a row whose last tokens repeat the ones before them (module docstring)."""
     bans: item_bans.BanSpec | None = None
@@ -62,6 +65,43 @@ class WriteSpec:
     close_bias: float = 0.0
     """Subtracted from the closing token's logit when choosing the next token (module docstring, "Longer calls");
     the log-probabilities recorded (cut scores, `item_confidences`) are the model's own."""
+
+    def __post_init__(self):
+        """Refuses values the loop cannot use; the message starts with the field's name (callers name their own
+        option after it: `--close-bias`, `PipelineConfig.write_close_bias`)."""
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens {self.max_new_tokens}: must be at least 1")
+        if self.patience < 1:
+            raise ValueError(f"patience {self.patience}: must be at least 1")
+        if not math.isfinite(self.close_bias):
+            raise ValueError(f"close_bias {self.close_bias}: must be a finite number")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WriteSpec(WriteDecoding):
+    """The loop's static settings: the decoding options plus the token ids and the cache length."""
+    close_id: int
+    eos_id: int
+    max_len: int
+
+
+def write_decoding(tokenizer, *, ban_repeats: int = 0, copied_names: bool = False,
+                   relations: Collection[str] | None = None, **options) -> WriteDecoding:
+    """A `WriteDecoding` from the settings a user gives (`memllm memory write`, `PipelineConfig.write_*`):
+    `ban_repeats` > 0 bans a repeated item at most that many times per call (`item_bans`); `copied_names` copies
+    names from the prompt and relations from `relations` (None: any) as the call is decoded (`copy_names`);
+    `options`: the other fields. A refused setting is a ValueError whose message starts with the setting's name."""
+    if ban_repeats < 0:
+        raise ValueError(f"ban_repeats {ban_repeats}: must be 0 (off) or more")
+    try:
+        bans = item_bans.ban_spec(tokenizer, ban_repeats) if ban_repeats > 0 else None
+    except ValueError as exc:  # a tokenizer whose separators are not single tokens
+        raise ValueError(f"ban_repeats {ban_repeats}: {exc}") from exc
+    try:
+        copy = copy_names.copy_spec(tokenizer, relations) if copied_names else None
+    except ValueError as exc:
+        raise ValueError(f"copied_names {copied_names}: {exc}") from exc
+    return WriteDecoding(bans=bans, copy=copy, **options)
 
 
 def repeat_length(out_BxT: jax.Array, n_B: jax.Array, shortest: int, longest: int) -> jax.Array:
@@ -199,13 +239,18 @@ def cache_slots(longest_prompt: int, max_new_tokens: int) -> int:
     return -(-(longest_prompt + max_new_tokens + 1) // 64) * 64
 
 
-def write_spec(tokenizer, max_new_tokens: int, max_len: int, *, late_stopping: bool = True, patience: int = PATIENCE,
-               stop_repeats: bool = False, bans: item_bans.BanSpec | None = None,
-               copy: copy_names.CopySpec | None = None, close_bias: float = 0.0) -> WriteSpec:
-    """`copy`: sized for the prompts to come (`copy_names.with_room_for`)."""
-    return WriteSpec(max_new_tokens=max_new_tokens, close_id=tokenizer.marker_id[protocol.CALL_END],
-                     eos_id=tokenizer.eos_id, max_len=max_len, patience=patience, late_stopping=late_stopping,
-                     stop_repeats=stop_repeats, bans=bans, copy=copy, close_bias=float(close_bias))
+def write_spec(tokenizer, decoding: WriteDecoding, max_len: int) -> WriteSpec:
+    """The loop's settings for `decoding` with a cache of `max_len` slots; `decoding.copy` must already be sized for
+    the prompts to come (`copy_names.with_room_for`)."""
+    return WriteSpec(**{f.name: getattr(decoding, f.name) for f in dataclasses.fields(WriteDecoding)},
+                     close_id=tokenizer.marker_id[protocol.CALL_END], eos_id=tokenizer.eos_id, max_len=max_len)
+
+
+def sized_for(decoding: WriteDecoding, prompts: Sequence[Sequence[int]]) -> WriteDecoding:
+    """`decoding` with its copy spec (if any) given room for `prompts` (`copy_names.with_room_for`)."""
+    if decoding.copy is None:
+        return decoding
+    return dataclasses.replace(decoding, copy=copy_names.with_room_for(decoding.copy, prompts))
 
 
 def prefill_prompts(graphdef, params, make_cache, max_len: int, vocab: int, rows: Sequence[Sequence[int]],
@@ -240,33 +285,26 @@ def row_results(tokenizer, spec: WriteSpec, fields: tuple[np.ndarray, ...], rows
     return results
 
 
-def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int = 128,
-                  late_stopping: bool = True, patience: int = PATIENCE, make_cache=None,
-                  pad_to: int | None = None, share_prefixes: bool = True, split=None,
-                  stop_repeats: bool = False, bans: item_bans.BanSpec | None = None,
-                  copy: copy_names.CopySpec | None = None, close_bias: float = 0.0) -> list[dict]:
-    """Decode the write call after each prompt (which ends with `({MEM_WRITE-->`). Returns per prompt the
-    body tokens up to the chosen cut (`ids`), the call text, the cut points and the stop reason.
+def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], decoding: WriteDecoding = WriteDecoding(), *,
+                  make_cache=None, pad_to: int | None = None, share_prefixes: bool = True, split=None) -> list[dict]:
+    """Decode the write call after each prompt (which ends with `({MEM_WRITE-->`) as `decoding` says (late
+    stopping, repeats, bans, copied names, longer calls: `WriteDecoding`). Returns per prompt the body tokens up to
+    the chosen cut (`ids`), their log-probabilities, the call text, the cut points and the stop reason.
 
     `share_prefixes`: prompts sharing a token prefix (one document's pretext) prefill it once
-    (`prefix.prefill_shared`). `split`: `split_model(model)` when the caller already has it. `stop_repeats`: a row
-    whose call loops stops once it has repeated itself (module docstring; stop reason "repeat"). `copy`: names
-    copied from the prompt and relations from the known labels (`copy_names`). `close_bias`: the closing token is
-    chosen as if its logit were that much lower (longer calls; module docstring). A stream of more prompts than one
-    batch: `refill.refill_writes`."""
+    (`prefix.prefill_shared`). `split`: `split_model(model)` when the caller already has it. A stream of more
+    prompts than one batch: `refill.refill_writes`."""
     B = len(prompt_ids)
     if B == 0:
         return []
     graphdef, params = split_model(model) if split is None else split
     rows = [list(p) for p in prompt_ids] + [[tokenizer.bos_id]] * max(0, (pad_to or B) - B)
-    max_len = cache_slots(max(len(p) for p in rows), max_new_tokens)
+    max_len = cache_slots(max(len(p) for p in rows), decoding.max_new_tokens)
     make_cache = cache_factory(model) if make_cache is None else make_cache
     cache, logits = prefill_prompts(graphdef, params, make_cache, max_len, vocab_size(model, tokenizer), rows, B,
                                     share_prefixes)
-    copy = None if copy is None else copy_names.with_room_for(copy, rows)
-    spec = write_spec(tokenizer, max_new_tokens, max_len, late_stopping=late_stopping, patience=patience,
-                      stop_repeats=stop_repeats, bans=bans, copy=copy, close_bias=close_bias)
-    sources = None if copy is None else copy_names.sources(prompt_ids, copy, rows=len(rows))
+    spec = write_spec(tokenizer, sized_for(decoding, rows), max_len)
+    sources = None if spec.copy is None else copy_names.sources(prompt_ids, spec.copy, rows=len(rows))
     s = _start_and_loop(graphdef, params, cache, logits, jnp.int32(B), spec, sources)
     return row_results(tokenizer, spec, host_rows(s), range(B))
 

@@ -38,11 +38,14 @@ import dataclasses
 import pathlib
 import re
 import string
-from typing import Any, Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Collection, Sequence
 
 from memllm_jax import protocol
 from memllm_jax.config import EDITING_MEMORY
 from memllm_jax.errors import InputError, load_json
+
+if TYPE_CHECKING:
+    from memllm_jax.decode.writer import WriteDecoding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,32 +170,31 @@ def build_prompt_ids(tok: Any, shots: Sequence[Shot], question: str) -> list[int
     return ids
 
 
+EDIT_WRITE_TOKENS = 64
+"""The token budget of an edit's memory-write call: an edit is one sentence stating one fact."""
+
+
 def edit_sentence(rec: EditRecord) -> str:
     return rec.statement or rec.src + protocol.WRITE_BRIDGE + rec.alt
 
 
-def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord], *, batch_size: int = 16,
-                  max_new_tokens: int = 64, late_stopping: bool = True, grounded: bool = False,
-                  relations: Collection[str] | None = None, min_confidence: float | None = None,
-                  stop_repeats: bool = False, ban_repeats: int = 0, copied_names: bool = False,
-                  close_bias: float = 0.0) -> list[list[protocol.Triple]]:
-    """Triples the memory-write model extracts from each edit sentence (by default with late stopping, paper
-    Appendix A). `grounded` / `relations` / `min_confidence`: the memory stage's checks (`corpus_writer.check_written`),
-    with the edit sentence as both the document and the focus sentence. `stop_repeats` / `ban_repeats` /
-    `copied_names` (relations copied from `relations`) / `close_bias`: as in `corpus_writer.write_corpus`."""
-    from memllm_jax.decode import copy_names, item_bans
+def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord],
+                  decoding: WriteDecoding | None = None, *,
+                  batch_size: int = 16, grounded: bool = False, relations: Collection[str] | None = None,
+                  min_confidence: float | None = None) -> list[list[protocol.Triple]]:
+    """Triples the memory-write model extracts from each edit sentence, decoded as `decoding` says
+    (`decode.writer.WriteDecoding`; None: `EDIT_WRITE_TOKENS` with late stopping, paper Appendix A). `grounded` /
+    `relations` / `min_confidence`: the memory stage's checks (`corpus_writer.check_written`), with the edit
+    sentence as both the document and the focus sentence."""
     from memllm_jax.decode.corpus_writer import check_written
-    from memllm_jax.decode.writer import decode_writes
+    from memllm_jax.decode.writer import WriteDecoding, decode_writes  # noqa: F811 - at run time
 
+    decoding = WriteDecoding(max_new_tokens=EDIT_WRITE_TOKENS) if decoding is None else decoding
     sentences = [edit_sentence(r) for r in records]
     prompts = [[tok.bos_id] + tok.encode(protocol.format_write_prompt("", s) + protocol.MEM_WRITE) for s in sentences]
     out: list[list[protocol.Triple]] = []
-    bans = item_bans.ban_spec(tok, ban_repeats) if ban_repeats > 0 else None
-    copy = copy_names.copy_spec(tok, relations) if copied_names else None
     for i in range(0, len(prompts), batch_size):
-        res = decode_writes(write_model, tok, prompts[i:i + batch_size], max_new_tokens=max_new_tokens,
-                            pad_to=batch_size, late_stopping=late_stopping, stop_repeats=stop_repeats, bans=bans,
-                            copy=copy, close_bias=close_bias)
+        res = decode_writes(write_model, tok, prompts[i:i + batch_size], decoding, pad_to=batch_size)
         for sentence, r in zip(sentences[i:i + batch_size], res):
             items = list(protocol.parse_write_call(r["text"]).items)  # unclosed: items closed by `;`
             out.append(check_written(items, r, tok, (sentence, sentence) if grounded else None, relations,
@@ -355,21 +357,18 @@ def _score(records, ans_src, ans_reph, ans_loc, ans_loc_base, edits, regime, in_
 def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, records: Sequence[EditRecord], *,
                      shots: Sequence[Shot] = ZSRE_SHOTS, regimes: Sequence[str] = ("sequential", "single"),
                      memory_config=EDITING_MEMORY, batch_size: int = 32, max_new_tokens: int = 48,
-                     style: str = "qa", late_stopping: bool = True, grounded: bool = False,
+                     style: str = "qa", write_decoding: WriteDecoding | None = None, grounded: bool = False,
                      relations: Collection[str] | None = None, min_confidence: float | None = None,
-                     stop_repeats: bool = False, ban_repeats: int = 0, copied_names: bool = False,
-                     close_bias: float = 0.0, progress: Callable[[str], None] | None = None) -> dict[str, EditingResult]:
+                     progress: Callable[[str], None] | None = None) -> dict[str, EditingResult]:
     """REL / GEN / LOC after all edits written in sequence ("sequential") and with one edit at a time ("single").
-    `grounded` / `relations` / `min_confidence` / `stop_repeats` / `ban_repeats` / `copied_names` / `close_bias`: write
-    the edits as the memory stage writes (`extract_edits`)."""
+    `write_decoding` / `grounded` / `relations` / `min_confidence`: write the edits as the memory stage writes
+    (`extract_edits`); `max_new_tokens`: the answers' budget."""
     from memllm_jax.memory import TripleMemory
 
     say = progress or (lambda _m: None)
     say(f"  editing: writing {len(records)} edits with the memory-write model")
-    edits = extract_edits(write_model, tok, records, batch_size=batch_size, late_stopping=late_stopping,
-                          grounded=grounded, relations=relations, min_confidence=min_confidence,
-                          stop_repeats=stop_repeats, ban_repeats=ban_repeats, copied_names=copied_names,
-                          close_bias=close_bias)
+    edits = extract_edits(write_model, tok, records, write_decoding, batch_size=batch_size, grounded=grounded,
+                          relations=relations, min_confidence=min_confidence)
     ask = lambda mem, qs: ask_questions(read_model, tok, mem, qs, shots, max_new_tokens=max_new_tokens,  # noqa: E731
                                         batch_size=batch_size, style=style)
     texts = lambda answers: [a.text for a in answers]  # noqa: E731
