@@ -212,6 +212,15 @@ def memory_write_close_bias_not_finite(tmp, mp):
             "--close-bias nan: must be a finite number")
 
 
+def memory_write_copy_names_unusable_tokenizer(tmp, mp):
+    from memllm_jax.decode import io
+    from memllm_jax.decode.scripted import CharTokenizer
+
+    mp.setattr(io, "load_model", lambda model, tokenizer: (object(), CharTokenizer()))  # `>>` is two tokens here
+    return (["memory", "write", "--model", "m", "--corpus", "c.jsonl", "--memory", "mem", "--copy-names"],
+            "--copy-names True: copied names need '>>' to be one token; this tokenizer gives")
+
+
 def memory_merge_not_a_memory(tmp, mp):
     (tmp / "nomem").mkdir()
     return ["memory", "merge", str(tmp / "out"), str(tmp / "nomem")], "nomem: not a memory directory (no CURRENT file)"

@@ -30,7 +30,7 @@ from memllm_jax.errors import InputError, read_text
 from memllm_jax.files import atomic_write_json
 
 PROGRESS = "write_progress.json"
-DECODING_FLAGS = {"copied_names": "--copy-names", "late_stopping": "--no-late-stopping"}
+DECODING_FLAGS = {"copied_names": "--copy-names"}
 """The flags of the `writer.WriteDecoding` settings not named after them."""
 _SENT_END = re.compile(r"(?<=[.!?])\s+")
 
