@@ -188,13 +188,14 @@ def _write_relations(self) -> set[str] | None:
     return set(_labels(self).values()) if self.cfg.write_grounded or self.cfg.write_copied_names else None
 
 
-def _write_decoding(self):
-    """How the config's memory-write calls are decoded (`write_*` settings; `decode.writer.WriteDecoding`)."""
+def _write_decoding(self, relations: set[str] | None):
+    """How the config's memory-write calls are decoded (`write_*` settings; `decode.writer.WriteDecoding`);
+    `relations`: `_write_relations`."""
     from memllm_jax.decode.writer import write_decoding
 
     try:
         return write_decoding(self.tokenizer(), ban_repeats=self.cfg.write_ban_repeats,
-                              copied_names=self.cfg.write_copied_names, relations=_write_relations(self),
+                              copied_names=self.cfg.write_copied_names, relations=relations,
                               max_new_tokens=self.cfg.write_max_new_tokens, late_stopping=self.cfg.write_late_stopping,
                               stop_repeats=self.cfg.write_stop_repeats, close_bias=self.cfg.write_close_bias)
     except ValueError as exc:
@@ -203,8 +204,10 @@ def _write_decoding(self):
 
 def _write_budget(self, min_confidence: float | None) -> dict:
     """`write_corpus`'s settings for the config: its decoding, batching and checks."""
-    return dict(decoding=_write_decoding(self), batch_size=self.cfg.write_batch, refill=self.cfg.write_refill,
-                grounded=self.cfg.write_grounded, relations=_write_relations(self), min_confidence=min_confidence)
+    relations = _write_relations(self)  # read once for the decoding's copy spec and the grounding check
+    return dict(decoding=_write_decoding(self, relations), batch_size=self.cfg.write_batch,
+                refill=self.cfg.write_refill, grounded=self.cfg.write_grounded, relations=relations,
+                min_confidence=min_confidence)
 
 
 def _edit_checks(self) -> dict:
