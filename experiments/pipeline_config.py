@@ -279,10 +279,16 @@ more often or splitting a step to fit memory does not redo a finished stage, and
 under them (`TrainConfig.RUN_FIELDS`)."""
 
 
+_ADDED_FIELD_DEFAULTS = {"lora_b_lr_ratio": 1.0}
+"""Training settings added after runs had been stamped, with the value that trains exactly as before they existed:
+left out of the stage keys at that value, so a finished stage is not redone for a setting it already had."""
+
+
 def _resolved_train_config(module: str, section: str, overrides: tuple[str, ...]) -> Any:
     """A training config with the pipeline's own paths blanked, so editing e.g. `steps` in the module reruns it."""
     from experiments.training import train_config
 
     resolved = dataclasses.asdict(train_config(module, section, overrides, train_data="", tokenizer="", workdir="",
                                                 init=None))
-    return {k: v for k, v in resolved.items() if k not in _BOOKKEEPING_FIELDS}
+    return {k: v for k, v in resolved.items()
+            if k not in _BOOKKEEPING_FIELDS and not (k in _ADDED_FIELD_DEFAULTS and v == _ADDED_FIELD_DEFAULTS[k])}

@@ -8,7 +8,7 @@ import pytest
 
 from experiments import run
 from experiments.pipeline import Pipeline
-from experiments.pipeline_config import STAGES, PipelineConfig, stage_key
+from experiments.pipeline_config import STAGES, PipelineConfig, _resolved_train_config, stage_key, train_overrides
 from experiments.tables import plot_scaling, scaling_markdown, table2_markdown, table3_markdown
 
 
@@ -25,6 +25,10 @@ def test_stage_keys_cover_earlier_settings():
     assert stage_key(a, "mr") == stage_key(repeats, "mr")
     evidence = PipelineConfig(write_evidence=True)  # other write targets: a new corpus stage, so a new adapter
     assert stage_key(a, "corpus") != stage_key(evidence, "corpus") and stage_key(a, "mw") != stage_key(evidence, "mw")
+    plus = PipelineConfig(train_overrides=("mw.lora_b_lr_ratio=16",))  # LoRA+ retrains the memory-write adapter only
+    assert stage_key(a, "mw") != stage_key(plus, "mw") and stage_key(a, "mr") == stage_key(plus, "mr")
+    # a setting added since runs were stamped, at the value that trains as before: finished stages stay valid
+    assert "lora_b_lr_ratio" not in _resolved_train_config(a.mw_config, "mw", train_overrides(a))
 
 
 def test_corpus_and_tokenizer_stages_run_and_resume(tmp_path):

@@ -1,6 +1,8 @@
 """The jitted train step on 8 fake CPU devices: sharded meshes equal one device; accumulation equals one
 large batch; LoRA mode trains (and keeps optimizer state for) the adapters only."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -9,8 +11,8 @@ from memllm_jax.config import TINY, LoraConfig, MeshConfig
 from memllm_jax.model.placement import create_model
 from memllm_jax.sharding import make_mesh
 from memllm_jax.train import step as S
-from memllm_jax.train.config import TrainConfig
-from memllm_jax.train.optimizer import make_optimizer
+from memllm_jax.train.config import TrainConfig, resume_conflicts, validate
+from memllm_jax.train.optimizer import lora_b_mask, make_optimizer
 
 # Adam's first update is lr * g / (|g| + eps): gradient entries at float-noise level may flip sign between
 # reduction orders, so parameter agreement is bounded by ~lr. lr=1e-4 keeps it within the 1e-5 goal while
@@ -31,12 +33,12 @@ def random_batch(M, b, L, seed=0, vocab=TINY.vocab_size):
     )
 
 
-def one_step(mesh_shape, batch, mode="full", lora=None, model_cfg=TINY):
+def one_step(mesh_shape, batch, mode="full", lora=None, model_cfg=TINY, cfg=CFG):
     devices = jax.devices()[: int(np.prod(mesh_shape))]
     mesh = make_mesh(MeshConfig(*mesh_shape), devices)
     model = create_model(model_cfg, lora, mesh, 0)
     split = S.split_model(model, mode)
-    tx = make_optimizer(CFG, 10)
+    tx = make_optimizer(cfg, 10)
     shardings = S.train_state_shardings(split, tx, mesh)
     state = S.init_train_state(split, tx, shardings)
     frozen_before = jax.tree.map(np.asarray, split.frozen)
@@ -108,6 +110,43 @@ def test_lora_mode_trains_adapters_only():
     assert b_norm > 0
     assert max_diff(jax.tree.map(np.asarray, split.frozen), frozen_before) == 0
     assert np.isfinite(m["loss"])
+
+
+def test_lora_plus_scales_the_b_matrices_updates_only():
+    """LoRA+: with `lora_b_lr_ratio` r, step 1 moves every B matrix r times as far (B starts at zero, so its
+    whole value is the update) and leaves the A matrices and the trained token rows as plain LoRA does."""
+    lora = LoraConfig(rank=4, alpha=8.0, dropout=0.0, trainable_tokens=(3, 5))
+    batch = random_batch(1, 8, 32, seed=6)
+    plain, _, split, _ = one_step((2, 2, 2), batch, mode="lora", lora=lora)
+    plus, _, _, _ = one_step((2, 2, 2), batch, mode="lora", lora=lora,
+                             cfg=dataclasses.replace(CFG, mode="lora", lora=lora, lora_b_lr_ratio=4.0))
+    names = {jax.tree_util.keystr(p): p for p, _ in jax.tree_util.tree_leaves_with_path(plain.params)}
+    is_b = dict(zip(names, jax.tree.leaves(lora_b_mask(split.params))))
+    assert sum(is_b.values()) == sum(k.endswith("['lora']['a'].value") for k in names) > 0  # one B per A
+    assert any("delta" in k for k in names) and not any(is_b[k] for k in names if "delta" in k)
+    plain_leaves = dict(zip(names, jax.tree.leaves(plain.params)))
+    plus_leaves = dict(zip(names, jax.tree.leaves(plus.params)))
+    for name in names:
+        if is_b[name]:
+            assert np.abs(plain_leaves[name]).max() > 0, name
+            np.testing.assert_allclose(plus_leaves[name], 4.0 * plain_leaves[name], rtol=1e-5, atol=1e-9, err_msg=name)
+        else:
+            np.testing.assert_array_equal(plus_leaves[name], plain_leaves[name], err_msg=name)
+
+
+def test_lora_plus_ratio_is_checked():
+    lora = LoraConfig(rank=4)
+    for ratio, mode, words in ((0.0, "lora", "positive"), (float("nan"), "lora", "positive"), (4.0, "full", "mode")):
+        cfg = dataclasses.replace(CFG, mode=mode, lora=lora, lora_b_lr_ratio=ratio)
+        with pytest.raises(ValueError, match=rf"TrainConfig.lora_b_lr_ratio=.*{words}"):
+            validate(cfg)
+
+
+def test_a_run_saved_before_lora_plus_resumes_as_plain_lora():
+    saved = dataclasses.asdict(CFG)
+    del saved["lora_b_lr_ratio"]  # a train_config.json written before the setting existed
+    assert resume_conflicts(saved, CFG) == []
+    assert resume_conflicts(saved, dataclasses.replace(CFG, lora_b_lr_ratio=16.0)) == ["lora_b_lr_ratio=1.0 -> 16.0"]
 
 
 def with_head_fields(batch, groups):

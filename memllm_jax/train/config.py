@@ -7,6 +7,7 @@ with `--set a.b=c` (`memllm_jax.config.override`).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from memllm_jax.config import DEFAULT_TINY, MODEL_LAYOUT_FIELDS, LoraConfig, MeshConfig, ModelConfig
 
@@ -57,6 +58,9 @@ class TrainConfig:
 
     lr: float = 3e-4
     """Peak learning rate."""
+    lora_b_lr_ratio: float = 1.0
+    """LoRA+ (Hayou et al., 2024): the adapters' B matrices learn at `lr` times this ratio, their A matrices and the
+    trained token rows at `lr`; the LoRA+ paper suggests ~16 for LoRA finetuning of LLMs. 1.0 is plain LoRA."""
     warmup_steps: int = 0
     """Linear warmup from 0 to `lr`."""
     schedule: str = "cosine"
@@ -129,11 +133,12 @@ def resume_conflicts(saved: dict, cfg: TrainConfig) -> list[str]:
     """The fields, as `a.b=old -> new`, in which `cfg` trains something other than the run whose
     `train_config.json` is `saved` (empty when `cfg` may resume it)."""
     now = dataclasses.asdict(cfg)
+    defaults = dataclasses.asdict(TrainConfig())
     conflicts = []
     for field in sorted(set(now) | set(saved)):
         if field in RUN_FIELDS:
             continue
-        old, new = saved.get(field), now.get(field)
+        old, new = saved.get(field, defaults.get(field)), now.get(field)  # a field added since: it trained as its default
         if field == "model":
             old, new = ({k: v for k, v in (d or {}).items() if k not in MODEL_LAYOUT_FIELDS} for d in (old, new))
         if _comparable(old) != _comparable(new):
@@ -175,6 +180,10 @@ def validate(cfg: TrainConfig) -> None:
         raise ValueError(f"TrainConfig.schedule must be cosine, linear or constant, got {cfg.schedule!r}")
     if cfg.global_batch % cfg.micro_batches:
         raise ValueError(f"TrainConfig.global_batch={cfg.global_batch} is not divisible by micro_batches={cfg.micro_batches}")
+    if not (math.isfinite(cfg.lora_b_lr_ratio) and cfg.lora_b_lr_ratio > 0):
+        raise ValueError(f"TrainConfig.lora_b_lr_ratio={cfg.lora_b_lr_ratio} must be a positive number")
+    if cfg.lora_b_lr_ratio != 1.0 and cfg.mode != "lora":
+        raise ValueError(f"TrainConfig.lora_b_lr_ratio={cfg.lora_b_lr_ratio} needs mode='lora' (got {cfg.mode!r})")
     if cfg.steps is None and cfg.epochs is None:
         raise ValueError("set TrainConfig.steps or TrainConfig.epochs")
     if not cfg.train_data:
