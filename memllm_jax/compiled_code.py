@@ -1,13 +1,16 @@
 """Give compiled XLA executables back before the process runs out of memory mappings.
 
 XLA:CPU maps the code and data of each compiled kernel into the process separately: ~140 mappings for a jitted
-function of 40 small ops (measured here), far more for a 30-layer forward. JAX's caches keep every executable for
-the life of the process. Linux caps a process's mappings at `vm.max_map_count` (65,530 by default); past the cap
-every `mmap` fails, and the next compilation aborts the whole process ("LLVM ERROR: Unable to allocate section
-memory!"). `memllm run --config smollm2_redocred` died that way on 2026-11-29. Its Table 2 compiles new shapes in
-most read rounds (continuations are bucketed by length). The same process had trained both adapters and written
-the memories, and it reached the cap in the first row whose reads the model places. A rerun of the Table 2 stage
-alone grew by ~3,000 mappings a minute in that row.
+function of 40 small ops (measured here), far more for a 30-layer forward. A jitted function's executables live
+as long as the function: those of the module-level decoding loops (`decode.loop`, `decode.writer`,
+`eval.scoring._greedy`) for the life of the process. Linux caps a process's mappings at `vm.max_map_count`
+(65,530 by default); past the cap every `mmap` fails, and the next compilation aborts the whole process ("LLVM
+ERROR: Unable to allocate section memory!").
+
+`memllm run --config smollm2_redocred` died that way on 2026-11-29, in round 25 of Table 2's first row whose
+reads the model places. The same process had trained both adapters and written the memories. Run alone in a new
+process, the Table 2 stage peaked at ~27,500 mappings in that row (its scorers' executables freed with them at
+the row's end), so the earlier stages had left at least ~38,000.
 
 `release_if_many_mappings` drops every compiled executable (`jax.clear_caches`) once the process holds more than
 half the cap. The pipeline calls it after each stage, and Table 2 after each read round. Shapes still in use
