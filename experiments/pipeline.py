@@ -50,11 +50,11 @@ class Pipeline:
         self.say(f"[{name}] running")
         info = getattr(self, f"stage_{name}")() or {}
         seconds = time.perf_counter() - t0
-        from memllm_jax.compiled_code import BETWEEN_STAGES, release_if_many_mappings
+        from memllm_jax.compiled_code import release_if_many_mappings
         from memllm_jax.train.host_memory import release_freed_memory
 
         release_freed_memory()  # `memllm run` keeps freed memory for reuse within a stage, not across stages
-        release_if_many_mappings(self.say, BETWEEN_STAGES)
+        release_if_many_mappings(self.say)
         atomic_write_json(self.out / "stages" / f"{name}.json", {"key": stage_key(self.cfg, name), "seconds": seconds, **info},
                           indent=1, default=str)
         self.say(f"[{name}] done in {seconds:.1f}s")

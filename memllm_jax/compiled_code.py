@@ -13,9 +13,8 @@ process, the Table 2 stage peaked at ~27,500 mappings in that row (its scorers' 
 the row's end), so the earlier stages had left at least ~38,000.
 
 `release_if_many_mappings` drops every compiled executable (`jax.clear_caches`) once the process holds more than
-a fraction of the cap. The pipeline calls it after each stage (`BETWEEN_STAGES`), and Table 2 after each read
-round (`BETWEEN_READ_ROUNDS`). Shapes still in use compile again, from the persistent compilation cache when one is
-set.
+half the cap. The pipeline calls it after each stage, and Table 2 after each read round. Shapes still in use
+compile again, from the persistent compilation cache when one is set.
 """
 
 from __future__ import annotations
@@ -25,16 +24,6 @@ from typing import Callable
 
 MAX_MAP_COUNT = "/proc/sys/vm/max_map_count"
 OWN_MAPS = "/proc/self/maps"
-
-BETWEEN_STAGES = 0.25
-"""A release between pipeline stages costs little (the next stage compiles mostly its own shapes), so it comes
-early: each stage then starts with most of the cap free."""
-
-BETWEEN_READ_ROUNDS = 0.8
-"""Within Table 2 a release compiles again every shape still in use: at half the cap it fired in the default's row ①
-(33,199 mappings) and made its Table 2 take 1,149 s against 815 with the same figures (2026-11-29). So only near
-the cap: a read round adds at most ~5,000 mappings (~3,000 a minute in the SmolLM2 config's row ①, rounds of up to
-~100 s), and the last fifth of the cap is ~13,000."""
 
 
 def mapping_limit() -> int | None:
@@ -55,7 +44,7 @@ def mapping_count() -> int | None:
         return None
 
 
-def release_if_many_mappings(say: Callable[[str], None] | None = None, fraction: float = BETWEEN_STAGES) -> bool:
+def release_if_many_mappings(say: Callable[[str], None] | None = None, fraction: float = 0.5) -> bool:
     """Clear JAX's caches of compiled executables when this process holds more than `fraction` of the mapping
     cap; True when it did."""
     limit, count = mapping_limit(), mapping_count()
