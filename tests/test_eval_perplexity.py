@@ -196,3 +196,22 @@ def test_kept_prefix_keys_values_give_the_whole_sequence_scores_and_generations(
     prefixes = [docs[0][:10] + [mr], docs[2][:31] + [mr], docs[1][:22] + [mr]]
     assert gen.generate(prefixes, [2], 12, kept=[(kept[0].kv, 10), (kept[2].kv, 31), (kept[1].kv, 22)]) == \
         gen.generate(prefixes, [2], 12)
+
+
+def test_batches_by_length_pads_alike_and_results_keep_the_input_order():
+    """Batches are formed shortest first (stable), and each result still belongs to its own input."""
+    from memllm_jax.eval.scoring import GreedyGenerator, Scorer, batches_by_length
+
+    assert batches_by_length([5, 1, 9, 1, 3], 2) == [[1, 3], [4, 0], [2]]
+    assert batches_by_length([], 4) == []
+    model = Mistral(CFG, rngs=nnx.Rngs(4))
+    rng = np.random.default_rng(1)
+    seqs = [list(rng.integers(9, 100, n)) for n in (50, 6, 31, 7, 44)]
+    scorer = Scorer(model, 5, batch_size=2)
+    together = scorer.score(seqs)
+    for seq, got in zip(seqs, together):
+        alone = scorer.score([seq])[0]
+        assert len(got.lp_next) == len(seq) - 1
+        np.testing.assert_allclose(got.lp_next, alone.lp_next, atol=1e-5)
+    gen = GreedyGenerator(model, batch_size=2)
+    assert gen.generate(seqs, [2], 5) == [gen.generate([s], [2], 5)[0] for s in seqs]
