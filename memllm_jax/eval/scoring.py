@@ -28,8 +28,8 @@ def batches_by_length(lengths: Sequence[int], batch_size: int) -> list[list[int]
     """Indices of `lengths` in batches of at most `batch_size`, shortest first, so that each batch is padded to
     about its own rows' length. A memory read's continuation runs from a few tokens to the whole rest of its
     document: taken in document order, batches of 8 of Table 2's gold-position reads were padded to 2.1x their
-    tokens, and by length to 1.3x (SmolLM2-135M, 16 Re-DocRED documents: the continuations' forwards 31.8 s ->
-    20.8 s). Ties keep the input order (a stable sort); each caller puts results back in the input's order."""
+    tokens, and by length to 1.3x (SmolLM2-135M, 50 Re-DocRED documents: the continuations' forwards ~90 s ->
+    ~60 s). Ties keep the input order (a stable sort); each caller puts results back in the input's order."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
     return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
 
