@@ -12,7 +12,7 @@ import hashlib
 import json
 from typing import Any, Callable
 
-STAGES = ("corpus", "tokenizer", "pretrain", "mw", "mr", "memory", "diagnostics", "table2", "editing", "scaling",
+STAGES = ("corpus", "tokenizer", "pretrain", "mw", "mr", "judge", "memory", "diagnostics", "table2", "editing", "scaling",
           "report")
 
 
@@ -87,8 +87,14 @@ class PipelineConfig:
     """experiments/configs module for the memory-write adapter's TrainConfig."""
     mr_config: str = "mr_tiny"
     """experiments/configs module for the memory-read adapter's TrainConfig."""
+    judge_config: str = ""
+    """experiments/configs module for the triple judge's adapter (`decode.judge`, e.g. "judge_smollm2"): the memory
+    stage then keeps a written triple by the judge's log-odds instead of the memory-write model's own confidence
+    (`write_min_confidence` and `write_confidence_grid` are judge thresholds); "" = no judge."""
+    judge_negatives: int = 2
+    """The judge's training examples: negatives per positive (`data_gen.judge_examples`)."""
     train_overrides: tuple[str, ...] = ()
-    """`section.field=value` for the three training configs, e.g. ("pretrain.steps=200", "mr.lr=1e-3")."""
+    """`section.field=value` for the training configs, e.g. ("pretrain.steps=200", "mr.lr=1e-3", "judge.steps=50")."""
     matmul_dtype: str | None = None
     """Operand dtype of the linear layers' matmuls of every model of the run, trained or evaluated (`ModelConfig.
     matmul_dtype`; None: each config's own). "bfloat16" multiplies bf16-rounded operands with float32
@@ -193,6 +199,7 @@ _DEPENDS = {
     "pretrain": ("pretrain_config",),
     "mw": ("mw_config",),
     "mr": ("mr_config",),
+    "judge": ("judge_config", "judge_negatives"),
     "memory": ("encoder", "write_late_stopping", "write_stop_repeats", "write_ban_repeats", "write_copied_names",
                "write_close_bias", "write_max_new_tokens",
                "write_batch", "write_refill",
@@ -213,7 +220,8 @@ _INPUTS = {
     "pretrain": ("tokenizer",),
     "mw": ("pretrain",),
     "mr": ("pretrain",),
-    "memory": ("mw",),  # the memory-write model writes the memories; the encoder is a memory setting
+    "judge": ("pretrain",),
+    "memory": ("mw", "judge"),  # the memory-write model writes the memories, the judge keeps or drops; the encoder is a memory setting
     "diagnostics": ("mw", "mr", "memory"),
     "table2": ("mr", "memory"),
     "editing": ("mw", "mr", "memory"),  # the edits are written with the memory stage's encoder and budget
@@ -250,10 +258,10 @@ def train_overrides(cfg: PipelineConfig) -> tuple[str, ...]:
     """The training configs' overrides: `cfg.train_overrides`, then `cfg.matmul_dtype` for every section."""
     if cfg.matmul_dtype is None:
         return cfg.train_overrides
-    return cfg.train_overrides + tuple(f"{s}.model.matmul_dtype={cfg.matmul_dtype}" for s in ("pretrain", "mw", "mr"))
+    return cfg.train_overrides + tuple(f"{s}.model.matmul_dtype={cfg.matmul_dtype}" for s in ("pretrain", "mw", "mr", "judge"))
 
 
-_TRAINING_STAGES = ("tokenizer", "pretrain", "mw", "mr")
+_TRAINING_STAGES = ("tokenizer", "pretrain", "mw", "mr", "judge")
 _EVAL_SPLIT_FIELDS = ("eval_corpus", "eval_docs", "outside_docs")
 """Once `eval_corpus` names a separate file, these settings choose only the evaluation and outside documents
 (every document of `corpus` trains), so the training stages do not depend on them: evaluating the same adapters
@@ -265,7 +273,10 @@ def stage_key(cfg: PipelineConfig, name: str) -> str:
     settings = {s: {f: getattr(cfg, f) for f in _DEPENDS[s]} for s in _upstream(name)}
     if name in _TRAINING_STAGES and cfg.eval_corpus:
         settings["corpus"] = {f: v for f, v in settings["corpus"].items() if f not in _EVAL_SPLIT_FIELDS}
-    for stage, module_field in (("pretrain", "pretrain_config"), ("mw", "mw_config"), ("mr", "mr_config")):
+    if not cfg.judge_config:  # no judge: the keys of the runs stamped before the judge existed
+        settings.pop("judge", None)
+    for stage, module_field in (("pretrain", "pretrain_config"), ("mw", "mw_config"), ("mr", "mr_config"),
+                                ("judge", "judge_config")):
         if stage in settings:  # the training config's contents, not just its module name
             settings[stage]["resolved"] = _resolved_train_config(getattr(cfg, module_field), stage, train_overrides(cfg))
     return _hash(settings)

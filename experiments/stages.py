@@ -168,6 +168,37 @@ def stage_mr(self):
     return _train(self, "mr", self.cfg.mr_config, "read.jsonl", _base(self))
 
 
+def stage_judge(self):
+    """The triple judge's adapter (`judge_config`; `decode.judge`), trained on examples built here from the
+    training documents (`data_gen.judge_examples`); nothing when the config has no judge."""
+    if not self.cfg.judge_config:
+        return {"judge": None}
+    from data_gen.judge_examples import judge_records
+
+    records = judge_records(_documents(self, "train"), negatives=self.cfg.judge_negatives)
+    atomic_write_text(self.out / "data" / "train" / "judge.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    self.say(f"  judge examples: {len(records)} ({sum(r['label'] for r in records)} positive) from the training documents")
+    return {"examples": len(records), **_train(self, "judge", self.cfg.judge_config, "judge.jsonl", _base(self))}
+
+
+def _judge(self):
+    """The triple judge (`decode.judge.TripleJudge`) when the config has one, else None."""
+    if not self.cfg.judge_config:
+        return None
+    if "triple_judge" not in self._cache:
+        from memllm_jax.decode.judge import TripleJudge
+
+        self._cache["triple_judge"] = TripleJudge(self.model("judge"), self.tokenizer())
+    return self._cache["triple_judge"]
+
+
+def _judged(self, judge, docs, scored: list) -> list:
+    """`WriteStats.scored` of `docs` with the judge's log-odds as the confidences (unchanged without a judge)."""
+    from memllm_jax.decode.judge import judge_scored
+
+    return scored if judge is None else judge_scored(judge, docs, scored)
+
+
 DEVELOPMENT = "development"
 
 
@@ -217,8 +248,24 @@ def _edit_checks(self) -> dict:
 
     budget = _write_budget(self, _min_confidence(self))
     checks = ("grounded", "relations", "min_confidence") if self.cfg.editing_write_checks else ()
+    if self.cfg.judge_config:  # the chosen threshold is the judge's, and the edits are not judged
+        checks = tuple(c for c in checks if c != "min_confidence")
     return {"write_decoding": dataclasses.replace(budget["decoding"], max_new_tokens=EDIT_WRITE_TOKENS),
             **{k: budget[k] for k in checks}}
+
+
+def _write_docs(self, mw, memory, docs, min_confidence: float | None, on_batch=None):
+    """Write `docs` into `memory`, keeping the triples with at least `min_confidence`: the memory-write model's own
+    confidence or, with a judge, the judge's log-odds (every grounded triple is written, then judged)."""
+    from memllm_jax.decode.corpus_writer import write_corpus, write_rescored
+    from memllm_jax.memory import TripleMemory
+
+    judge = _judge(self)
+    if judge is None:
+        return write_corpus(mw, self.tokenizer(), memory, docs, on_batch=on_batch, **_write_budget(self, min_confidence))
+    st = write_corpus(mw, self.tokenizer(), TripleMemory(self.encoder()), docs, on_batch=on_batch,
+                      **_write_budget(self, -float("inf")))
+    return write_rescored(memory, st, _judged(self, judge, docs, st.scored), min_confidence)
 
 
 def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None, log: pathlib.Path | None = None):
@@ -227,12 +274,11 @@ def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None
     and by entity under "entity_level": `eval.write_quality`). `log`: a JSON-lines file of every triple written,
     its sentence, whether it is gold (by name) and what the checks made of it."""
     from data_gen.gold_memory import entity_gold, gold_triples
-    from memllm_jax.decode.corpus_writer import write_corpus
     from memllm_jax.eval.write_quality import entity_agreement, triple_key, write_agreement
     from memllm_jax.memory import TripleMemory
 
     mem = TripleMemory(self.encoder())
-    st = write_corpus(mw, self.tokenizer(), mem, eval_docs, on_batch=on_batch, **_write_budget(self, min_confidence))
+    st = _write_docs(self, mw, mem, eval_docs, min_confidence, on_batch)
     gold, kept = [t for d in eval_docs for t in gold_triples(d)], mem.records()
     info = {"sentences": st.sentences, "triples": st.triples, "malformed": st.malformed, "no_cut": st.no_cut,
             "repeats": st.repeats, "tokens": st.tokens,
@@ -248,8 +294,10 @@ def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None
         info["before_confidence"] = write_agreement(kept + st.unconfident, gold)
     if log is not None:
         gold_keys = {triple_key(t) for t in gold}
+        confidence = {(source, t): c for source, t, c in st.scored if c > -float("inf")}  # the judge's, with one
         atomic_write_text(log, "".join(json.dumps({"source": source, "subject": t.subject, "relation": t.relation,
-                                              "object": t.object, "fate": fate, "gold": triple_key(t) in gold_keys})
+                                              "object": t.object, "fate": fate, "gold": triple_key(t) in gold_keys,
+                                              "confidence": confidence.get((source, t))})
                                   + "\n" for source, t, fate in st.written))
     return mem, info
 
@@ -261,31 +309,38 @@ def _choose_min_confidence(self, mw, outside, on_batch) -> tuple[float, dict, li
     the rest])`, the scored writes to fill rows ② / ① at that threshold without decoding again."""
     from data_gen.gold_memory import gold_triples
     from memllm_jax.decode.corpus_writer import write_corpus
-    from memllm_jax.eval.write_quality import choose_min_confidence, threshold_label
+    from memllm_jax.eval.write_quality import choose_min_confidence, scored_auc, threshold_label
     from memllm_jax.memory import TripleMemory
 
     if not outside:
         raise InputError(f'PipelineConfig.write_min_confidence="{DEVELOPMENT}" needs outside documents '
                          "(outside_docs > 0) to choose the threshold on")
-    quarter, scored = max(1, len(outside) // 4), []
+    quarter, scored, judge, writer_scored = max(1, len(outside) // 4), [], _judge(self), []
     for docs in (outside[:quarter], outside[quarter:]):
         scratch = TripleMemory(self.encoder())
         st = write_corpus(mw, self.tokenizer(), scratch, docs, on_batch=on_batch,
                           **_write_budget(self, -float("inf")))
-        scored.append(st.scored)
+        writer_scored += st.scored
+        scored.append(_judged(self, judge, docs, st.scored))
     gold = [t for d in outside for t in gold_triples(d)]
     threshold, rows = choose_min_confidence([(t, c) for part in scored for _, t, c in part], gold,
                                             tuple(self.cfg.write_confidence_grid) + (None,))
+    report = {"documents": len(outside), "rule": "highest F1", "candidates": rows}
+    if judge is not None:  # how well each score tells the gold triples from the others
+        report["auc"] = {"judge": scored_auc([x for part in scored for x in part], gold),
+                         "writer_confidence": scored_auc(writer_scored, gold)}
+        self.say(f"  development: AUC of the judge's log-odds {report['auc']['judge']:.3f}, of the writer's own "
+                 f"confidence {report['auc']['writer_confidence']:.3f} (gold triples against the others)")
     for r in rows:
         self.say(f"  development, confidence >= {threshold_label(r['min_confidence'])}: precision {r['precision']:.3f} "
                  f"recall {r['recall']:.3f} f1 {r['f1']:.3f}")
     self.say(f"  confidence threshold chosen on the {len(outside)} outside documents: {threshold}")
-    return threshold, {"documents": len(outside), "rule": "highest F1", "candidates": rows}, scored
+    return threshold, report, scored
 
 
 def stage_memory(self):
     from data_gen.gold_memory import fill_memory
-    from memllm_jax.decode.corpus_writer import write_corpus, write_scored
+    from memllm_jax.decode.corpus_writer import write_scored
     from memllm_jax.memory import TripleMemory
 
     setting = self.cfg.write_min_confidence
@@ -320,8 +375,7 @@ def stage_memory(self):
             if scored is not None:  # written already, while choosing the threshold
                 write_scored(big, scored[k], info["min_confidence"])
             else:
-                write_corpus(mw, self.tokenizer(), big, docs, on_batch=on_batch,
-                             **_write_budget(self, info["min_confidence"]))
+                _write_docs(self, mw, big, docs, info["min_confidence"], on_batch)
             big.save(self.out / "memory" / name)
             info[name] = big.stats()["triples"]
     _save_json(self.out / "results" / "memory.json", info)

@@ -304,6 +304,21 @@ def write_scored(memory, scored: Sequence[tuple[str, protocol.Triple, float]], m
     return added
 
 
+def write_rescored(memory, stats: WriteStats, scored: Sequence[tuple[str, protocol.Triple, float]],
+                   min_confidence: float | None) -> WriteStats:
+    """Add to `memory` the triples of a write that kept every grounded triple (`min_confidence=-inf`, `stats`) whose
+    confidence in `scored` (its `stats.scored` under other confidences, e.g. a judge's: `decode.judge.judge_scored`)
+    is at least `min_confidence`: the statistics of that write, the triples below the threshold `unconfident` (their
+    `written` fate too), `scored` its confidences and `triples` those added."""
+    floor = -float("inf") if min_confidence is None else min_confidence
+    low = {(source, t) for source, t, c in scored if c < floor}
+    written = [(source, t, "unconfident" if fate == "kept" and (source, t) in low else fate)
+               for source, t, fate in stats.written]
+    return dataclasses.replace(stats, scored=list(scored), written=written,
+                               unconfident=[t for _, t, fate in written if fate == "unconfident"],
+                               triples=write_scored(memory, scored, min_confidence))
+
+
 def _focus_text(doc: WriteDocument, source: str) -> tuple[str, str]:
     """(the document up to and including the focus sentence, the focus sentence) of the prompt `source`."""
     start, end = doc.sentences[int(source.rsplit("/", 1)[1])]

@@ -1,0 +1,40 @@
+"""The judge LoRA adapter on the pretrained SmolLM2-135M base: given the text up to a sentence and one candidate
+triple, answer " yes" when the triple is one of the document's facts by its gold names, else " no" (the loss on
+that one token; `data_gen.judge_examples`). A document's examples share its text as a token prefix, laid out once
+("pack_prefixes"): on Re-DocRED's 400 training documents 26,396 examples fill 228 batches of 8 x 512 tokens."""
+
+from memllm_jax.config import SMOLLM2_135M, LoraConfig
+from memllm_jax.train.config import TrainConfig
+
+
+def get_config() -> TrainConfig:
+    return TrainConfig(
+        name="judge_smollm2",
+        model=SMOLLM2_135M,
+        mode="lora",
+        train_markers=False,
+        lora=LoraConfig(rank=16, alpha=32.0, dropout=0.0),
+        train_data=("runs/smollm2_redocred/data/train/judge.jsonl",),
+        tokenizer="runs/smollm2_redocred/tokenizer",
+        eval_fraction=0.02,
+        eval_max_examples=256,
+        seq_len=512,
+        packing="pack_prefixes",
+        buckets=(256, 512),
+        global_batch=8,
+        micro_batches=2,
+        steps=100,
+        epochs=None,
+        lr=1e-3,
+        warmup_steps=5,
+        schedule="cosine",
+        end_lr_fraction=0.1,
+        weight_decay=0.0,
+        clip_norm=1.0,
+        eval_every=0,
+        eval_batch=16,
+        log_every=5,
+        checkpoint_every=25,
+        workdir="runs/smollm2_redocred/train/judge",
+        compilation_cache=".xla_cache",
+    )
