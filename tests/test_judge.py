@@ -31,11 +31,23 @@ class AnswerTokenizer(CharTokenizer):
 DOC = ("d1", ["Ann was born in Paris.", "She wrote Blue Sky.", "Bob met Ann in Rome."])
 
 
-def test_log_odds_are_the_models_last_position_logits_in_any_batch():
-    model, tok = Mistral(CFG, rngs=nnx.Rngs(3)), AnswerTokenizer()
-    contexts = ["Ann was born in Paris.", "Ann was born in Paris. She wrote Blue Sky, a long book about the sea.", "x"]
+class EndMergingTokenizer(AnswerTokenizer):
+    """Spells a text's final "Z" as another token: a context ending so is not a token prefix of its prompts."""
+
+    def encode(self, text: str) -> list[int]:
+        ids = super().encode(text)
+        return ids[:-1] + [112] if text.endswith("Z") else ids
+
+
+@pytest.mark.parametrize("tok", [AnswerTokenizer(), EndMergingTokenizer()], ids=["shared", "merged"])
+def test_log_odds_are_the_models_last_position_logits_in_any_batch(tok):
+    """Candidates after a shared context (its keys / values kept once) or, when the tokens at the context's end
+    merge, scored whole: either way the model's own logits of the whole prompt, in the input's order."""
+    model = Mistral(CFG, rngs=nnx.Rngs(3))
+    long = "Ann was born in Paris. She wrote Blue Sky, a long book about the sea, Z"
+    contexts = ["Ann was born in Paris.", long, "xZ", long]
     triples = [P.Triple("Ann", "place of birth", "Paris"), P.Triple("Ann", "notable work", "Blue Sky"),
-               P.Triple("x", "r", "y")]
+               P.Triple("x", "r", "y"), P.Triple("Blue Sky", "author", "Ann")]
     got = TripleJudge(model, tok, batch_size=2).log_odds(contexts, triples)
     for c, t, g in zip(contexts, triples, got):
         ids = [tok.bos_id] + tok.encode(P.format_judge_prompt(c, t))

@@ -11,53 +11,50 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from memllm_jax import protocol
 from memllm_jax.decode.corpus_writer import as_write_document
-from memllm_jax.eval.scoring import _bucket, batches_by_length
+from memllm_jax.eval.scoring import Scorer
 
 
 class TripleJudge:
-    """`log_odds(contexts, triples)`: the judge's score of each (context, triple), batched by length."""
+    """`log_odds(contexts, triples)`: the judge's score of each (context, triple).
+
+    The candidates of one sentence share its context: each distinct context is encoded once, its keys / values
+    kept (`eval.scoring.Scorer`), and every candidate's fact and question are scored after them (a Re-DocRED
+    context is ~150 SmolLM2 tokens, a fact with the question ~30). The Scorer reports log p of one chosen token at
+    every position (`mr_id`, the read marker in Table 2): here the answer " no", while the candidate's sequence
+    ends with " yes", so log-odds = log p(" yes") - log p(" no") at the last position."""
 
     def __init__(self, model: nnx.Module, tokenizer, batch_size: int = 8):
-        self.tokenizer, self.batch_size = tokenizer, int(batch_size)
         answers = [tokenizer.encode(a) for a in protocol.JUDGE_ANSWERS]
         if any(len(a) != 1 for a in answers):
             raise ValueError(f"the judge's answers {protocol.JUDGE_ANSWERS} must be one token each, got {answers}")
-        yes, no = answers[0][0], answers[1][0]
-        graphdef, self.state = nnx.split(model)
-        cfg = getattr(model, "cfg", None)
-        self.max_len = int(cfg.max_seq_len) if cfg is not None else 1 << 16
-
-        def log_odds(state, tokens_BxL, mask_BxL, last_B):
-            m = nnx.merge(graphdef, state)
-            positions_BxL = jnp.broadcast_to(jnp.arange(tokens_BxL.shape[1], dtype=jnp.int32), tokens_BxL.shape)
-            logits_BxLxV, _ = m(tokens_BxL, positions_BxL, attn_mask_BxL=mask_BxL)
-            last_BxV = jnp.take_along_axis(logits_BxLxV, last_B[:, None, None], axis=1)[:, 0]
-            return (last_BxV[:, yes] - last_BxV[:, no]).astype(jnp.float32)  # the softmax's normaliser cancels
-
-        self._log_odds = jax.jit(log_odds)
+        self.tokenizer, (self.yes,), (no,) = tokenizer, *answers
+        self.scorer = Scorer(model, no, batch_size=batch_size, pad_id=tokenizer.pad_id)
 
     def log_odds(self, contexts: Sequence[str], triples: Sequence[protocol.Triple]) -> np.ndarray:
-        seqs = [[self.tokenizer.bos_id] + self.tokenizer.encode(protocol.format_judge_prompt(c, t))
+        tok = self.tokenizer
+        seqs = [[tok.bos_id] + tok.encode(protocol.format_judge_prompt(c, t)) + [self.yes]
                 for c, t in zip(contexts, triples, strict=True)]
-        out = np.zeros(len(seqs), np.float64)
-        for batch in batches_by_length([len(s) for s in seqs], self.batch_size):
-            chunk = [seqs[i][-self.max_len:] for i in batch]  # an over-long context loses its start
-            L = min(_bucket(max(len(s) for s in chunk)), self.max_len)
-            tokens = np.full((self.batch_size, L), self.tokenizer.pad_id, np.int32)
-            mask = np.zeros((self.batch_size, L), bool)
-            last = np.zeros(self.batch_size, np.int32)
-            for b, s in enumerate(chunk):
-                tokens[b, :len(s)], mask[b, :len(s)], last[b] = s, True, len(s) - 1
-            scores = jax.device_get(self._log_odds(self.state, jnp.asarray(tokens), jnp.asarray(mask), jnp.asarray(last)))
-            out[batch] = scores[:len(chunk)]
-        return out
+        heads = {c: [tok.bos_id] + tok.encode(protocol.escape_text(c)) for c in dict.fromkeys(contexts)}
+        # a candidate shares its context's keys / values when its tokens start with the context's own tokens (BPE
+        # may merge across the boundary: then it is scored whole); the kept sequence reaches one token past it
+        shared = [seq[:len(heads[c])] == heads[c] for c, seq in zip(contexts, seqs)]
+        kept_of = {}
+        for c, seq, ok in zip(contexts, seqs, shared):
+            if ok:
+                kept_of.setdefault(c, seq[:len(heads[c]) + 1])
+        if not self.scorer.keeps_kv:
+            shared, kept_of = [False] * len(seqs), {}
+        kept = dict(zip(kept_of, self.scorer.score(list(kept_of.values()), keep_kv=True)))
+        items = [(kept[c], len(heads[c]), seq[len(heads[c]):]) for c, seq, ok in zip(contexts, seqs, shared) if ok]
+        after = iter(self.scorer.score_continuations(items) if items else [])
+        whole = iter(self.scorer.score([seq for seq, ok in zip(seqs, shared) if not ok]))
+        out = [next(after) if ok else next(whole) for ok in shared]
+        return np.asarray([s.lp_next[-1] - s.lp_mr[-1] for s in out], np.float64)
 
 
 def judge_context(doc, sent_id: int, pretext_sentences: int = 10) -> str:
