@@ -221,7 +221,7 @@ _INPUTS = {
     "mw": ("pretrain",),
     "mr": ("pretrain",),
     "judge": ("pretrain",),
-    "memory": ("mw", "judge"),  # the memory-write model writes the memories, the judge keeps or drops; the encoder is a memory setting
+    "memory": ("mw", "judge"),  # the memory-write model writes, the judge (if any) keeps; the encoder is a memory setting
     "diagnostics": ("mw", "mr", "memory"),
     "table2": ("mr", "memory"),
     "editing": ("mw", "mr", "memory"),  # the edits are written with the memory stage's encoder and budget

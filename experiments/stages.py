@@ -329,8 +329,9 @@ def _choose_min_confidence(self, mw, outside, on_batch) -> tuple[float, dict, li
     if judge is not None:  # how well each score tells the gold triples from the others
         report["auc"] = {"judge": scored_auc([x for part in scored for x in part], gold),
                          "writer_confidence": scored_auc(writer_scored, gold)}
-        self.say(f"  development: AUC of the judge's log-odds {report['auc']['judge']:.3f}, of the writer's own "
-                 f"confidence {report['auc']['writer_confidence']:.3f} (gold triples against the others)")
+        judge_auc, writer_auc = (f"{x:.3f}" if x is not None else "-" for x in report["auc"].values())
+        self.say(f"  development: AUC of the judge's log-odds {judge_auc}, of the writer's own confidence {writer_auc} "
+                 "(gold triples against the others)")
     for r in rows:
         self.say(f"  development, confidence >= {threshold_label(r['min_confidence'])}: precision {r['precision']:.3f} "
                  f"recall {r['recall']:.3f} f1 {r['f1']:.3f}")
