@@ -6,38 +6,27 @@ Measured once (2026-11-30, docs/decode.md "A judge of written triples"): after t
 held-out loss is 0.546 (0.628 for the base rate) and the judge ranks the writer's triples with AUC 0.71-0.74, against
 0.66 for the writer's own confidence: no config uses it yet."""
 
-from memllm_jax.config import SMOLLM2_135M, LoraConfig
+import dataclasses
+
+from experiments.configs import mw_smollm2
 from memllm_jax.train.config import TrainConfig
 
 
 def get_config() -> TrainConfig:
-    return TrainConfig(
+    """The memory-write adapter's settings (`mw_smollm2`: LoRA r16 on every linear layer, lr 1e-3, cosine) with
+    the judge's data, rows of 512 tokens and its own steps; no API marker is used, so none is trained."""
+    return dataclasses.replace(
+        mw_smollm2.get_config(),
         name="judge_smollm2",
-        model=SMOLLM2_135M,
-        mode="lora",
         train_markers=False,
-        lora=LoraConfig(rank=16, alpha=32.0, dropout=0.0),
         train_data=("runs/smollm2_redocred/data/train/judge.jsonl",),
         tokenizer="runs/smollm2_redocred/tokenizer",
-        eval_fraction=0.02,
         eval_max_examples=256,
         seq_len=512,
-        packing="pack_prefixes",
         buckets=(256, 512),
-        global_batch=8,
         micro_batches=2,
         steps=100,
-        epochs=None,
-        lr=1e-3,
         warmup_steps=5,
-        schedule="cosine",
-        end_lr_fraction=0.1,
-        weight_decay=0.0,
-        clip_norm=1.0,
-        eval_every=0,
-        eval_batch=16,
-        log_every=5,
         checkpoint_every=25,
         workdir="runs/smollm2_redocred/train/judge",
-        compilation_cache=".xla_cache",
     )
