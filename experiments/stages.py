@@ -272,7 +272,8 @@ def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None
     """The memory-write model `mw` writes the evaluation documents into a new memory: `(memory, info)`, info with
     the write statistics and the agreement with the documents' gold triples (precision / recall / F1, by name,
     and by entity under "entity_level": `eval.write_quality`). `log`: a JSON-lines file of every triple written,
-    its sentence, whether it is gold (by name) and what the checks made of it."""
+    its sentence, whether it is gold (by name), what the checks made of it and the confidence it was kept or dropped
+    by (the judge's log-odds with a judge; null when no confidence was checked)."""
     from data_gen.gold_memory import entity_gold, gold_triples
     from memllm_jax.eval.write_quality import entity_agreement, triple_key, write_agreement
     from memllm_jax.memory import TripleMemory
