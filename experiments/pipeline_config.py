@@ -42,6 +42,10 @@ class PipelineConfig:
     outside_docs: int = 0
     """Documents (before the evaluation ones) written by the MW model for rows ① (all) and ② (a quarter);
     0 skips those rows."""
+    train_docs: int = 0
+    """Training documents used: the first this many of those left after the evaluation and outside documents
+    (0: every one). For learning curves against the amount of training text, e.g. the memory-write F1 with a
+    quarter, half and all of a corpus's training documents (scale the adapters' steps with it)."""
     write_context_free: int = 0
     """Extra memory-write training examples per training document: one later sentence with its pretext dropped
     (`data_gen.write_examples.context_free_items`). Without them the only lone sentences the model sees are
@@ -193,7 +197,7 @@ def _hash(obj: Any) -> str:
 
 _DEPENDS = {
     "corpus": ("corpus", "eval_corpus", "synth_docs", "synth_seed", "heldout_world", "labels", "eval_docs",
-               "outside_docs", "write_context_free", "write_evidence", "read_context_free", "write_question_form",
+               "outside_docs", "train_docs", "write_context_free", "write_evidence", "read_context_free", "write_question_form",
                "read_question_form", "read_misread_rate"),
     "tokenizer": ("base_model", "vocab_size", "tokenizer_texts"),
     "pretrain": ("pretrain_config",),
@@ -268,9 +272,16 @@ _EVAL_SPLIT_FIELDS = ("eval_corpus", "eval_docs", "outside_docs")
 on another file reruns the corpus split and the evaluations, not the training."""
 
 
+_ADDED_SETTING_DEFAULTS = {"train_docs": 0}
+"""Pipeline settings added after runs had been stamped, with the value that runs exactly as before they existed:
+left out of the stage keys at that value, so a finished stage is not redone for a setting it already had."""
+
+
 def stage_key(cfg: PipelineConfig, name: str) -> str:
     """A stage's key covers its own settings and those of every stage upstream of it (its inputs)."""
-    settings = {s: {f: getattr(cfg, f) for f in _DEPENDS[s]} for s in _upstream(name)}
+    settings = {s: {f: getattr(cfg, f) for f in _DEPENDS[s]
+                    if not (f in _ADDED_SETTING_DEFAULTS and getattr(cfg, f) == _ADDED_SETTING_DEFAULTS[f])}
+                for s in _upstream(name)}
     if name in _TRAINING_STAGES and cfg.eval_corpus:
         settings["corpus"] = {f: v for f, v in settings["corpus"].items() if f not in _EVAL_SPLIT_FIELDS}
     if not cfg.judge_config:  # no judge: the keys of the runs stamped before the judge existed

@@ -71,6 +71,11 @@ def stage_corpus(self):
         raise SystemExit(f"corpus has {len(raw)} documents; eval_docs + outside_docs = {n_eval + n_out} leaves none to train on")
     split = {"train": raw[: len(raw) - n_eval - n_out], "outside": raw[len(raw) - n_eval - n_out: len(raw) - n_eval],
              "eval": raw[len(raw) - n_eval:]}
+    if cfg.train_docs:
+        if not 0 < cfg.train_docs <= len(split["train"]):
+            raise InputError(f"train_docs={cfg.train_docs}: the corpus leaves {len(split['train'])} training documents "
+                             "(PipelineConfig.train_docs)")
+        split["train"] = split["train"][: cfg.train_docs]
     for name, docs in split.items():
         _save_json(data / f"{name}.json", docs)
     _save_json(data / "rel_info.json", _labels(self))

@@ -64,6 +64,31 @@ def test_corpus_stage_adds_context_free_write_examples(tmp_path):
     assert all(r["segments"][0]["text"].startswith("({USER_ST})") and r["sent_id"] > 0 for r in extra)
 
 
+def test_train_docs_keeps_the_first_training_documents_and_leaves_older_keys_alone(tmp_path, monkeypatch):
+    """`train_docs=N` trains on the first N training documents (evaluation and outside documents unchanged); at 0
+    the stage keys are those computed without the setting, so runs stamped before it stay valid."""
+    import experiments.pipeline_config as pc
+    from memllm_jax.errors import InputError
+
+    out = tmp_path / "ten"
+    Pipeline(PipelineConfig(synth_docs=40, eval_docs=5, outside_docs=5, train_docs=10), out, lambda _m: None).run(("corpus",))
+    full = tmp_path / "all"
+    Pipeline(PipelineConfig(synth_docs=40, eval_docs=5, outside_docs=5), full, lambda _m: None).run(("corpus",))
+    load = lambda d, split: json.loads((d / "data" / f"{split}.json").read_text())
+    assert load(out, "train") == load(full, "train")[:10] and len(load(full, "train")) == 30
+    assert load(out, "eval") == load(full, "eval") and load(out, "outside") == load(full, "outside")
+    written = {json.loads(line)["doc"] for line in (out / "data" / "train" / "write.jsonl").open()}
+    assert len(written) == 10
+    with pytest.raises(InputError, match=r"train_docs=31: the corpus leaves 30 training documents"):
+        Pipeline(PipelineConfig(synth_docs=40, eval_docs=5, outside_docs=5, train_docs=31), tmp_path / "x",
+                 lambda _m: None).run(("corpus",))
+    base, fewer = PipelineConfig(), PipelineConfig(train_docs=10)
+    assert [s for s in STAGES if stage_key(base, s) != stage_key(fewer, s)] == list(STAGES)  # other training text
+    before = {s: stage_key(base, s) for s in STAGES}
+    monkeypatch.setitem(pc._DEPENDS, "corpus", tuple(f for f in pc._DEPENDS["corpus"] if f != "train_docs"))
+    assert {s: stage_key(base, s) for s in STAGES} == before
+
+
 @pytest.mark.parametrize("heldout_world", [True, False])
 def test_synthetic_edits_of_the_pipeline(tmp_path, heldout_world):
     from experiments.stages import _documents, _synthetic_edit_records
