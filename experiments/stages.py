@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import pathlib
@@ -429,6 +430,19 @@ def _training_calls_agreement(self, eval_docs) -> dict:
             "entity_level": entity_agreement(taught, [entity_gold(d) for d in eval_docs])}
 
 
+def _by_relation_frequency(self, eval_docs) -> list[dict]:
+    """The memory's writes against the evaluation documents' gold triples in groups of relations by how often the
+    training memory-write examples teach them (`write_quality.agreement_by_relation_frequency`)."""
+    from data_gen.gold_memory import gold_triples
+    from memllm_jax.eval.write_quality import agreement_by_relation_frequency, normalize_name
+    from memllm_jax.train.data import read_jsonl
+
+    taught = collections.Counter(normalize_name(t[1]) for _, rec in read_jsonl(str(self.out / "data" / "train" / "write.jsonl"))
+                                 for t in rec.get("triples", ()))
+    return agreement_by_relation_frequency(self.memory("mw_eval").records(), [t for d in eval_docs for t in gold_triples(d)],
+                                           taught)
+
+
 def stage_diagnostics(self):
     """The adapters' skills on the held-out documents: field-split loss / accuracy of their API calls (the copy
     probe: names reproduced exactly) and how many of the written names occur in the text they were written from."""
@@ -454,6 +468,7 @@ def stage_diagnostics(self):
         if check in memory["mw_eval"]:
             info["mw_against_gold"][check] = memory["mw_eval"][check]
     info["mw_against_gold"]["training_calls"] = _training_calls_agreement(self, eval_docs)
+    info["mw_against_gold"]["by_relation_frequency"] = _by_relation_frequency(self, eval_docs)
     if "development" in memory:
         info["mw_threshold"] = {"min_confidence": memory["min_confidence"], **memory["development"]}
     info["mw_curve"] = _mw_curve(self, memory["mw_eval"])

@@ -120,6 +120,15 @@ def diagnostics_markdown(corpus: Mapping | None, diagnostics: Mapping | None) ->
                           f"{by_entity['f1']:.3f} ({by_entity['correct']} of {by_entity['written_unique']} written "
                           f"right; {by_entity['gold_relations_found']} of {by_entity['gold_relations']} gold relations found)"
                           + (f"; the training calls {ceiling['precision']:.3f} / {ceiling['recall']:.3f}" if ceiling else "")]
+            groups = g.get("by_relation_frequency")
+            if groups:
+                span = lambda r: f"{r['taught_min']}+" if r["taught_max"] is None else f"{r['taught_min']}-{r['taught_max']}"  # noqa: E731
+                lines += ["", "By how often the training memory-write examples teach the relation (relations grouped "
+                          "into about equal shares of the gold triples, `eval.write_quality.agreement_by_relation_frequency`):",
+                          "", "| relation taught (targets) | relations | gold | written (unique) | correct | precision | recall |",
+                          "|---|---|---|---|---|---|---|"]
+                lines += [f"| {span(r)} | {r['relations']} | {r['gold_unique']} | {r['written_unique']} | {r['correct']} | "
+                          f"{r['precision']:.3f} | {r['recall']:.3f} |" for r in groups]
             lines.append("")
         chosen = diagnostics.get("mw_threshold")
         if chosen:

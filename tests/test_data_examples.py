@@ -390,3 +390,24 @@ def test_writes_counted_by_entity_accept_any_name_of_the_gold_entity():
     both = entity_agreement(written[1:2], [gold, other])
     assert both["gold_relations"] == 8 and both["gold_relations_found"] == 2 and both["correct"] == 1
     assert entity_agreement([], [gold])["f1"] == 0.0
+
+
+def test_writes_grouped_by_how_often_their_relation_is_taught():
+    """`agreement_by_relation_frequency`: relations ordered by their training targets split the gold triples into
+    about equal groups (one relation never split, so ties stay together); each written triple counts in its
+    relation's group, including relations no gold triple has."""
+    from memllm_jax.eval.write_quality import agreement_by_relation_frequency
+
+    T = P.Triple
+    gold = ([T(f"a{i}", "rare", "x") for i in range(3)] + [T(f"b{i}", "Middle", "x") for i in range(3)]
+            + [T(f"c{i}", "common", "x") for i in range(3)])
+    written = [T("a0", "rare", "x"), T("b0", "middle", "x"), T("b1", "middle", "y"), T("c0", "common", "x"),
+               T("c1", "common", "x"), T("c2", "common", "x"), T("d", "unseen", "x"), T("e", "also common", "x")]
+    taught = {"rare": 2, "middle": 20, "common": 200, "also common": 500}
+    groups = agreement_by_relation_frequency(written, gold, taught)
+    assert [(g["taught_min"], g["taught_max"], g["relations"]) for g in groups] == [(0, 19, 1), (20, 199, 1), (200, None, 1)]
+    assert [(g["gold_unique"], g["written_unique"], g["correct"]) for g in groups] == [(3, 2, 1), (3, 2, 1), (3, 4, 3)]
+    assert groups[2]["recall"] == 1.0 and groups[0]["precision"] == 0.5
+    # two relations taught equally often stay in one group, however the gold triples fall
+    tied = agreement_by_relation_frequency(written, gold, {"rare": 5, "middle": 5, "common": 5})
+    assert [(g["taught_min"], g["taught_max"], g["gold_unique"]) for g in tied] == [(0, None, 9)]

@@ -155,6 +155,10 @@ def test_memory_write_table_shows_each_write_check():
     assert "| 9: everything the model wrote | 10 | 5 | 0.556 |" in md
     assert "| 7: grounded, before the confidence check | 10 | 5 | 0.714 |" in md
     assert md.index("everything") < md.index("grounded, before")
+    groups = [{"taught_min": 0, "taught_max": 9, "relations": 3, **agree(2, 1, 0.5)},
+              {"taught_min": 10, "taught_max": None, "relations": 1, **agree(3, 3, 1.0)}]
+    md_groups = diagnostics_markdown(None, {"mw_against_gold": {**agree(5, 4, 0.8), "by_relation_frequency": groups}})
+    assert "| 0-9 | 3 | 10 | 2 | 1 | 0.500 | 0.100 |" in md_groups and "| 10+ | 1 | 10 | 3 | 3 | 1.000 | 0.300 |" in md_groups
     no_checks = diagnostics_markdown(None, {"mw_against_gold": agree(5, 4, 0.8)})
     assert "everything" not in no_checks and "| 5 | 10 | 4 | 0.800 |" in no_checks
     assert "Confidence threshold" not in md

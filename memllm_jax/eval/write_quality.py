@@ -18,8 +18,10 @@ to a later read.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-from typing import Collection, Iterable, Sequence
+from collections import Counter
+from typing import Collection, Iterable, Mapping, Sequence
 
 from memllm_jax import protocol
 
@@ -40,7 +42,33 @@ def triple_key(t: dict | protocol.Triple) -> tuple[str, str, str]:
 
 def write_agreement(written: Iterable[dict | protocol.Triple], gold: Iterable[protocol.Triple]) -> dict:
     """Precision / recall / F1 of written triples (memory records or Triples) against gold Triples."""
+    return _key_agreement({triple_key(t) for t in written}, {triple_key(t) for t in gold})
+
+
+def agreement_by_relation_frequency(written: Iterable[dict | protocol.Triple], gold: Iterable[protocol.Triple],
+                                    taught: Mapping[str, int], groups: int = 3) -> list[dict]:
+    """`write_agreement` within groups of relations ordered by how often the training data teach them (`taught`:
+    `normalize_name`d relation label -> its targets in the training memory-write examples). The groups split the
+    gold triples into about equal parts, the least taught relations first, one relation never split; a written
+    triple counts in the group its relation's count falls in. Shows whether a writer misses the relations it was
+    taught least (more training text would help) or misses evenly. Each group: `taught_min` / `taught_max`
+    (None for the last: no upper bound), `relations` (gold relation labels in it), then the agreement."""
     written_keys, gold_keys = {triple_key(t) for t in written}, {triple_key(t) for t in gold}
+    count = lambda relation: taught.get(relation, 0)  # noqa: E731
+    gold_per_relation = Counter(key[1] for key in gold_keys)
+    bounds, seen, previous = [0], 0, 0  # each group's lowest count
+    for relation in sorted(gold_per_relation, key=lambda r: (count(r), r)):
+        if seen >= len(bounds) * len(gold_keys) / groups and count(relation) > previous:
+            bounds.append(count(relation))
+        seen, previous = seen + gold_per_relation[relation], count(relation)
+    group_of = lambda key: bisect.bisect_right(bounds, count(key[1])) - 1  # noqa: E731
+    return [{"taught_min": lo, "taught_max": bounds[g + 1] - 1 if g + 1 < len(bounds) else None,
+             "relations": sum(1 for r in gold_per_relation if group_of(("", r, "")) == g),
+             **_key_agreement({k for k in written_keys if group_of(k) == g}, {k for k in gold_keys if group_of(k) == g})}
+            for g, lo in enumerate(bounds)]
+
+
+def _key_agreement(written_keys: set, gold_keys: set) -> dict:
     hit = len(written_keys & gold_keys)
     precision = hit / len(written_keys) if written_keys else 0.0
     recall = hit / len(gold_keys) if gold_keys else 0.0
