@@ -430,8 +430,8 @@ def _training_calls_agreement(self, eval_docs) -> dict:
             "entity_level": entity_agreement(taught, [entity_gold(d) for d in eval_docs])}
 
 
-def _by_relation_frequency(self, eval_docs) -> list[dict]:
-    """The memory's writes against the evaluation documents' gold triples in groups of relations by how often the
+def _by_relation_frequency(self, written: list[dict], eval_docs) -> list[dict]:
+    """The memory's writes (`written`: its records) against the evaluation documents' gold triples in groups of relations by how often the
     training memory-write examples teach them (`write_quality.agreement_by_relation_frequency`)."""
     from data_gen.gold_memory import gold_triples
     from memllm_jax.eval.write_quality import agreement_by_relation_frequency, normalize_name
@@ -439,8 +439,7 @@ def _by_relation_frequency(self, eval_docs) -> list[dict]:
 
     taught = collections.Counter(normalize_name(t[1]) for _, rec in read_jsonl(str(self.out / "data" / "train" / "write.jsonl"))
                                  for t in rec.get("triples", ()))
-    return agreement_by_relation_frequency(self.memory("mw_eval").records(), [t for d in eval_docs for t in gold_triples(d)],
-                                           taught)
+    return agreement_by_relation_frequency(written, [t for d in eval_docs for t in gold_triples(d)], taught)
 
 
 def stage_diagnostics(self):
@@ -458,7 +457,8 @@ def stage_diagnostics(self):
         self.say(f"  {which} on held-out {kind} calls: loss name {f['name']['loss']:.3f} / relation "
                  f"{f['relation']['loss']:.3f} / markup {f['markup']['loss']:.3f} nats; names copied exactly "
                  f"{f['name_exact']:.2f} of {f['names']}")
-    written = [n for rec in self.memory("mw_eval").records() for n in (rec["subject"], rec["object"])]
+    records = self.memory("mw_eval").records()
+    written = [n for rec in records for n in (rec["subject"], rec["object"])]
     eval_docs = _documents(self, "eval")
     info["mw_names_in_eval_text"] = names_in_text(written, "\n".join(d.text for d in eval_docs))
     memory = json.loads((self.out / "results" / "memory.json").read_text())
@@ -468,7 +468,7 @@ def stage_diagnostics(self):
         if check in memory["mw_eval"]:
             info["mw_against_gold"][check] = memory["mw_eval"][check]
     info["mw_against_gold"]["training_calls"] = _training_calls_agreement(self, eval_docs)
-    info["mw_against_gold"]["by_relation_frequency"] = _by_relation_frequency(self, eval_docs)
+    info["mw_against_gold"]["by_relation_frequency"] = _by_relation_frequency(self, records, eval_docs)
     if "development" in memory:
         info["mw_threshold"] = {"min_confidence": memory["min_confidence"], **memory["development"]}
     info["mw_curve"] = _mw_curve(self, memory["mw_eval"])

@@ -61,10 +61,10 @@ def agreement_by_relation_frequency(written: Iterable[dict | protocol.Triple], g
         if seen >= len(bounds) * len(gold_keys) / groups and count(relation) > previous:
             bounds.append(count(relation))
         seen, previous = seen + gold_per_relation[relation], count(relation)
-    group_of = lambda key: bisect.bisect_right(bounds, count(key[1])) - 1  # noqa: E731
+    group_of = lambda relation: bisect.bisect_right(bounds, count(relation)) - 1  # noqa: E731
     return [{"taught_min": lo, "taught_max": bounds[g + 1] - 1 if g + 1 < len(bounds) else None,
-             "relations": sum(1 for r in gold_per_relation if group_of(("", r, "")) == g),
-             **_key_agreement({k for k in written_keys if group_of(k) == g}, {k for k in gold_keys if group_of(k) == g})}
+             "relations": sum(1 for r in gold_per_relation if group_of(r) == g),
+             **_key_agreement({k for k in written_keys if group_of(k[1]) == g}, {k for k in gold_keys if group_of(k[1]) == g})}
             for g, lo in enumerate(bounds)]
 
 
