@@ -14,7 +14,7 @@ import os
 import pathlib
 import tempfile
 import time
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import Callable, Collection, Iterable, Iterator, Mapping
 
 from data_gen.docred import Document, documents_from_raw, iter_documents
 from data_gen.eval_examples import eval_record
@@ -120,16 +120,23 @@ def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, *, pr
 def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds: set[str], memory: str = "gold",
               query_fn_factory: Callable[[Callable[[], Iterable[Document]]], object] | None = None,
               pretext_sentences: int | None = 10, q_thr: int = 30, max_queries: int = 3, filter_ambiguous: bool = True,
-              counterfactual: int = 0, context_free: int = 0, read_context_free: int = 0, question_form: int = 0,
-              read_question_form: int = 0, misread_rate: float = 0.0, write_evidence: bool = False, fmt: str = "jsonl",
-              limit: int | None = None, seed: int = 0) -> Stats:
+              counterfactual: int = 0, counterfactual_kinds: Collection[str] | None = None, context_free: int = 0,
+              read_context_free: int = 0, question_form: int = 0, read_question_form: int = 0,
+              misread_rate: float = 0.0, write_evidence: bool = False, fmt: str = "jsonl", limit: int | None = None,
+              seed: int = 0) -> Stats:
+    """Build the `kinds` of examples from `input_path` into `out_dir`. `counterfactual`: also build that many
+    counterfactual variants of every document (`data_gen.counterfactual`, paper §4.1), each record marked with its
+    `"variant"`; `counterfactual_kinds`: the kinds built from the variants (None: every kind of `kinds`), e.g.
+    {"write"} to add renamed documents to the memory-write examples only."""
     out = pathlib.Path(out_dir)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
         return _build_all(input_path, out, labels, kinds=kinds, query_fn_factory=query_fn_factory,
                           pretext_sentences=pretext_sentences, q_thr=q_thr, max_queries=max_queries,
-                          filter_ambiguous=filter_ambiguous, counterfactual=counterfactual, context_free=context_free,
+                          filter_ambiguous=filter_ambiguous, counterfactual=counterfactual,
+                          counterfactual_kinds=kinds if counterfactual_kinds is None else set(counterfactual_kinds) & kinds,
+                          context_free=context_free,
                           read_context_free=read_context_free, question_form=question_form,
                           read_question_form=read_question_form, misread_rate=misread_rate,
                           write_evidence=write_evidence, fmt=fmt, limit=limit, seed=seed)
@@ -142,7 +149,7 @@ def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds
 
 def _build_all(input_path: str, out: pathlib.Path, labels: Mapping[str, str], *, kinds: set[str], query_fn_factory,
                pretext_sentences: int | None, q_thr: int, max_queries: int, filter_ambiguous: bool, counterfactual: int,
-               context_free: int, read_context_free: int, question_form: int, read_question_form: int,
+               counterfactual_kinds: set[str], context_free: int, read_context_free: int, question_form: int, read_question_form: int,
                misread_rate: float, write_evidence: bool, fmt: str, limit: int | None, seed: int) -> Stats:
     t0 = time.perf_counter()
     streams: list[tuple[int | None, Callable[[], Iterator[Document]]]] = [
@@ -164,11 +171,12 @@ def _build_all(input_path: str, out: pathlib.Path, labels: Mapping[str, str], *,
         writers = {k: stack.enter_context(ArrayRecordOut(out / f"{k}{suffix}") if fmt == "arrayrecord" and k != "coverage"
                                           else JsonlWriter(out / f"{k}.jsonl")) for k in names}
         for variant, factory in streams:
+            doc_kinds = kinds if variant is None else counterfactual_kinds
             query_fn = None
-            if "read" in kinds:
+            if "read" in doc_kinds:
                 query_fn = query_fn_factory(factory) if query_fn_factory is not None else _gold(factory)
             for doc in factory():
-                for kind, rec in build_document(doc, kinds, query_fn, stats, pretext_sentences=pretext_sentences,
+                for kind, rec in build_document(doc, doc_kinds, query_fn, stats, pretext_sentences=pretext_sentences,
                                                 q_thr=q_thr, max_queries=max_queries, filter_ambiguous=filter_ambiguous,
                                                 context_free=context_free, read_context_free=read_context_free,
                                                 question_form=question_form, read_question_form=read_question_form,

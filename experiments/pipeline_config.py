@@ -54,6 +54,11 @@ class PipelineConfig:
     """A memory-write training example's targets are only the triples its sentence is evidence for (annotated, or
     for an unannotated relation a sentence naming both entities: `data_gen.write_examples`, "Evidence"), as the paper
     builds them; False also gives a triple to every later sentence that names one entity with the other in reach."""
+    write_counterfactual: int = 0
+    """Counterfactual variants of the training documents added to the memory-write training examples (paper
+    §4.1, `data_gen.counterfactual`): in each variant every entity is renamed, in all its full mentions, as another
+    entity of its type from the training documents, relations kept, so the model must copy names from the text
+    rather than recall them. The memory-read examples are built from the documents as they are. 0: none."""
     read_context_free: int = 0
     """Extra memory-read training examples per training document: the reads of one later sentence with the text
     before it dropped (`data_gen.read_examples.context_free_records`). Without them every read follows a
@@ -197,8 +202,8 @@ def _hash(obj: Any) -> str:
 
 _DEPENDS = {
     "corpus": ("corpus", "eval_corpus", "synth_docs", "synth_seed", "heldout_world", "labels", "eval_docs",
-               "outside_docs", "train_docs", "write_context_free", "write_evidence", "read_context_free", "write_question_form",
-               "read_question_form", "read_misread_rate"),
+               "outside_docs", "train_docs", "write_context_free", "write_evidence", "write_counterfactual",
+               "read_context_free", "write_question_form", "read_question_form", "read_misread_rate"),
     "tokenizer": ("base_model", "vocab_size", "tokenizer_texts"),
     "pretrain": ("pretrain_config",),
     "mw": ("mw_config",),
@@ -272,7 +277,7 @@ _EVAL_SPLIT_FIELDS = ("eval_corpus", "eval_docs", "outside_docs")
 on another file reruns the corpus split and the evaluations, not the training."""
 
 
-_ADDED_SETTING_DEFAULTS = {"train_docs": 0}
+_ADDED_SETTING_DEFAULTS = {"train_docs": 0, "write_counterfactual": 0}
 """Pipeline settings added after runs had been stamped, with the value that runs exactly as before they existed:
 left out of the stage keys at that value, so a finished stage is not redone for a setting it already had."""
 

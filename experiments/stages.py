@@ -83,8 +83,11 @@ def stage_corpus(self):
     from data_gen.build import build_all
 
     labels = _labels(self)
-    self.say(f"  building write / read / lm examples from {len(split['train'])} training documents")
+    variants = (f" (memory-write examples also from {cfg.write_counterfactual} counterfactual variants)"
+                if cfg.write_counterfactual else "")
+    self.say(f"  building write / read / lm examples from {len(split['train'])} training documents{variants}")
     st_train = build_all(str(data / "train.json"), str(data / "train"), labels, kinds={"write", "read", "lm"},
+                         counterfactual=cfg.write_counterfactual, counterfactual_kinds={"write"},
                          context_free=cfg.write_context_free, read_context_free=cfg.read_context_free,
                          question_form=cfg.write_question_form, read_question_form=cfg.read_question_form,
                          misread_rate=cfg.read_misread_rate, write_evidence=cfg.write_evidence, seed=cfg.synth_seed)

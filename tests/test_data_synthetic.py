@@ -86,3 +86,26 @@ def test_counterfactual_consistent_replacement():
             assert eo.type == ec.type
             assert mapping.setdefault(eo.name, ec.name) == ec.name  # consistent across the corpus
     assert sum(k != v for k, v in mapping.items()) == len(mapping)
+
+
+def test_counterfactual_variants_of_chosen_kinds_only(tmp_path):
+    """`counterfactual_kinds={"write"}` adds the renamed documents' write examples and leaves every other kind as
+    the build without variants makes it (the pipeline's `write_counterfactual`)."""
+    from data_gen.build import build_all
+
+    corpus = tmp_path / "synth.json"
+    corpus.write_text(json.dumps(list(iter_synthetic(30, seed=5))))
+    labels = synthetic_rel_info()
+    plain = build_all(str(corpus), str(tmp_path / "plain"), labels, kinds={"write", "read", "lm"}, context_free=1, seed=0)
+    build_all(str(corpus), str(tmp_path / "cf"), labels, kinds={"write", "read", "lm"}, context_free=1, seed=0,
+              counterfactual=2, counterfactual_kinds={"write"})
+    for kind in ("read", "lm"):
+        assert (tmp_path / "cf" / f"{kind}.jsonl").read_bytes() == (tmp_path / "plain" / f"{kind}.jsonl").read_bytes()
+    read = lambda path: [json.loads(line) for line in path.read_text().splitlines()]  # noqa: E731
+    plain_writes, writes = read(tmp_path / "plain" / "write.jsonl"), read(tmp_path / "cf" / "write.jsonl")
+    assert [w for w in writes if "variant" not in w] == plain_writes
+    for v in (0, 1):
+        variant = [w for w in writes if w.get("variant") == v]
+        assert len(variant) == plain.write_examples  # every example again, renamed
+        assert [len(w["triples"]) for w in variant] == [len(w["triples"]) for w in plain_writes]
+        assert sum(w["triples"] != p["triples"] for w, p in zip(variant, plain_writes)) > len(plain_writes) // 3

@@ -89,6 +89,32 @@ def test_train_docs_keeps_the_first_training_documents_and_leaves_older_keys_alo
     assert {s: stage_key(base, s) for s in STAGES} == before
 
 
+def test_write_counterfactual_adds_renamed_write_examples_only_and_leaves_older_keys_alone(tmp_path, monkeypatch):
+    """`write_counterfactual=N` adds N renamed copies of the training documents' memory-write examples; the read
+    examples and the held-out documents are those of the run without it, and at 0 the stage keys are those
+    computed without the setting."""
+    import experiments.pipeline_config as pc
+
+    runs = {}
+    for n in (0, 1):
+        out = tmp_path / f"cf{n}"
+        Pipeline(PipelineConfig(synth_docs=40, eval_docs=5, outside_docs=5, write_counterfactual=n), out,
+                 lambda _m: None).run(("corpus",))
+        runs[n] = out
+    text = lambda n, name: (runs[n] / "data" / name).read_text()  # noqa: E731
+    for name in ("train/read.jsonl", "eval/write.jsonl", "eval/read.jsonl", "eval.json", "outside.json"):
+        assert text(1, name) == text(0, name), name
+    writes = [json.loads(line) for line in text(1, "train/write.jsonl").splitlines()]
+    plain = [json.loads(line) for line in text(0, "train/write.jsonl").splitlines()]
+    assert [w for w in writes if "variant" not in w] == plain
+    assert len([w for w in writes if w.get("variant") == 0]) == len(plain)
+    base = PipelineConfig()
+    assert [s for s in STAGES if stage_key(base, s) != stage_key(PipelineConfig(write_counterfactual=1), s)] == list(STAGES)
+    before = {s: stage_key(base, s) for s in STAGES}
+    monkeypatch.setitem(pc._DEPENDS, "corpus", tuple(f for f in pc._DEPENDS["corpus"] if f != "write_counterfactual"))
+    assert {s: stage_key(base, s) for s in STAGES} == before
+
+
 @pytest.mark.parametrize("heldout_world", [True, False])
 def test_synthetic_edits_of_the_pipeline(tmp_path, heldout_world):
     from experiments.stages import _documents, _synthetic_edit_records
