@@ -131,13 +131,13 @@ def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds
     out = pathlib.Path(out_dir)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    variant_kinds = kinds if counterfactual_kinds is None else set(counterfactual_kinds) & kinds
     try:
         return _build_all(input_path, out, labels, kinds=kinds, query_fn_factory=query_fn_factory,
                           pretext_sentences=pretext_sentences, q_thr=q_thr, max_queries=max_queries,
                           filter_ambiguous=filter_ambiguous, counterfactual=counterfactual,
-                          counterfactual_kinds=kinds if counterfactual_kinds is None else set(counterfactual_kinds) & kinds,
-                          context_free=context_free,
-                          read_context_free=read_context_free, question_form=question_form,
+                          counterfactual_kinds=variant_kinds,
+                          context_free=context_free, read_context_free=read_context_free, question_form=question_form,
                           read_question_form=read_question_form, misread_rate=misread_rate,
                           write_evidence=write_evidence, fmt=fmt, limit=limit, seed=seed)
     except BaseException:
@@ -149,8 +149,9 @@ def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds
 
 def _build_all(input_path: str, out: pathlib.Path, labels: Mapping[str, str], *, kinds: set[str], query_fn_factory,
                pretext_sentences: int | None, q_thr: int, max_queries: int, filter_ambiguous: bool, counterfactual: int,
-               counterfactual_kinds: set[str], context_free: int, read_context_free: int, question_form: int, read_question_form: int,
-               misread_rate: float, write_evidence: bool, fmt: str, limit: int | None, seed: int) -> Stats:
+               counterfactual_kinds: set[str], context_free: int, read_context_free: int, question_form: int,
+               read_question_form: int, misread_rate: float, write_evidence: bool, fmt: str, limit: int | None,
+               seed: int) -> Stats:
     t0 = time.perf_counter()
     streams: list[tuple[int | None, Callable[[], Iterator[Document]]]] = [
         (None, lambda: iter_documents(input_path, labels, limit))]
