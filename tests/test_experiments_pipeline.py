@@ -64,10 +64,9 @@ def test_corpus_stage_adds_context_free_write_examples(tmp_path):
     assert all(r["segments"][0]["text"].startswith("({USER_ST})") and r["sent_id"] > 0 for r in extra)
 
 
-def test_train_docs_keeps_the_first_training_documents_and_leaves_older_keys_alone(tmp_path, monkeypatch):
+def test_train_docs_keeps_the_first_training_documents(tmp_path):
     """`train_docs=N` trains on the first N training documents (evaluation and outside documents unchanged); at 0
-    the stage keys are those computed without the setting, so runs stamped before it stay valid."""
-    import experiments.pipeline_config as pc
+    the stage keys are those computed without it (`test_an_added_setting_at_its_default_leaves_older_keys_alone`)."""
     from memllm_jax.errors import InputError
 
     out = tmp_path / "ten"
@@ -84,17 +83,12 @@ def test_train_docs_keeps_the_first_training_documents_and_leaves_older_keys_alo
                  lambda _m: None).run(("corpus",))
     base, fewer = PipelineConfig(), PipelineConfig(train_docs=10)
     assert [s for s in STAGES if stage_key(base, s) != stage_key(fewer, s)] == list(STAGES)  # other training text
-    before = {s: stage_key(base, s) for s in STAGES}
-    monkeypatch.setitem(pc._DEPENDS, "corpus", tuple(f for f in pc._DEPENDS["corpus"] if f != "train_docs"))
-    assert {s: stage_key(base, s) for s in STAGES} == before
 
 
-def test_write_counterfactual_adds_renamed_write_examples_only_and_leaves_older_keys_alone(tmp_path, monkeypatch):
+def test_write_counterfactual_adds_renamed_write_examples_only(tmp_path):
     """`write_counterfactual=N` adds N renamed copies of the training documents' memory-write examples; the read
-    examples and the held-out documents are those of the run without it, and at 0 the stage keys are those
-    computed without the setting."""
-    import experiments.pipeline_config as pc
-
+    examples and the held-out documents are those of the run without it (at 0 the stage keys are those computed
+    without it: `test_an_added_setting_at_its_default_leaves_older_keys_alone`)."""
     runs = {}
     for n in (0, 1):
         out = tmp_path / f"cf{n}"
@@ -110,8 +104,18 @@ def test_write_counterfactual_adds_renamed_write_examples_only_and_leaves_older_
     assert len([w for w in writes if w.get("variant") == 0]) == len(plain)
     base = PipelineConfig()
     assert [s for s in STAGES if stage_key(base, s) != stage_key(PipelineConfig(write_counterfactual=1), s)] == list(STAGES)
+
+
+@pytest.mark.parametrize("setting", ["train_docs", "write_counterfactual"])
+def test_an_added_setting_at_its_default_leaves_older_keys_alone(setting, monkeypatch):
+    """At its default (`_ADDED_SETTING_DEFAULTS`) a setting added after runs had been stamped gives the stage keys
+    computed without it, so those runs stay valid."""
+    import experiments.pipeline_config as pc
+
+    assert setting in pc._ADDED_SETTING_DEFAULTS
+    base = PipelineConfig()
     before = {s: stage_key(base, s) for s in STAGES}
-    monkeypatch.setitem(pc._DEPENDS, "corpus", tuple(f for f in pc._DEPENDS["corpus"] if f != "write_counterfactual"))
+    monkeypatch.setitem(pc._DEPENDS, "corpus", tuple(f for f in pc._DEPENDS["corpus"] if f != setting))
     assert {s: stage_key(base, s) for s in STAGES} == before
 
 
