@@ -14,12 +14,13 @@ import os
 import pathlib
 import tempfile
 import time
-from typing import Callable, Collection, Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 from data_gen.docred import Document, documents_from_raw, iter_documents
 from data_gen.eval_examples import eval_record
 from data_gen.io import JsonlWriter, iter_json_array
 from memllm_jax.files import atomic_open
+from data_gen.recipes import ReadRecipe, WriteRecipe
 from data_gen.read_examples import context_free_records, misread, question_form_records, read_records, scan_read_points
 from data_gen.stats import Stats
 from data_gen.write_examples import (context_free_items, iter_write_items, question_form_items, write_coverage,
@@ -61,85 +62,68 @@ def lm_record(doc: Document) -> dict:
     return {"kind": "lm", "doc": doc.doc_id, "segments": [{"text": P.escape_text(doc.text), "loss": True}], "eos": True}
 
 
-def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, *, pretext_sentences: int | None,
-                   q_thr: int, max_queries: int, filter_ambiguous: bool, context_free: int = 0,
-                   read_context_free: int = 0, question_form: int = 0, read_question_form: int = 0,
-                   misread_rate: float = 0.0, write_evidence: bool = False, seed: int = 0) -> Iterator[tuple[str, dict]]:
-    """`context_free`: extra write examples per document of one later sentence without its pretext
-    (`write_examples.context_free_items`), marked `"context_free": true`; `read_context_free`: the same for read
-    examples (`read_examples.context_free_records`); `question_form`: extra write examples per document of one
-    triple asked as a question and answered (`write_examples.question_form_items`), marked `"question_form": true`;
-    `read_question_form`: the same as read examples (`read_examples.question_form_records`); `misread_rate`: the
-    share of the read examples' query results replaced by a wrong entity (`read_examples.misread`);
-    `write_evidence`: a write example's targets are only the triples its sentence is evidence for
-    (`write_examples`, "Evidence")."""
+def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, write: WriteRecipe, read: ReadRecipe,
+                   seed: int = 0) -> Iterator[tuple[str, dict]]:
+    """The `kinds` of examples of one document, as `(kind, record)`; extra write / read examples are marked
+    `"context_free"` / `"question_form"` (`WriteRecipe`, `ReadRecipe`)."""
     stats.documents += 1
     if "write" in kinds:
-        for item in iter_write_items(doc, pretext_sentences, write_evidence):
+        for item in iter_write_items(doc, write.pretext_sentences, write.evidence):
             rec = write_record(doc, item)
             stats.add_write(rec)
             yield "write", rec
-        for item in context_free_items(doc, context_free, seed, write_evidence):
+        for item in context_free_items(doc, write.context_free, seed, write.evidence):
             rec = {**write_record(doc, item), "context_free": True}
             stats.add_write(rec)
             yield "write", rec
-        for item in question_form_items(doc, question_form, seed, write_evidence):
+        for item in question_form_items(doc, write.question_form, seed, write.evidence):
             rec = {**write_record(doc, item), "question_form": True}
             stats.add_write(rec)
             yield "write", rec
-        cov = write_coverage(doc, pretext_sentences, write_evidence)
+        cov = write_coverage(doc, write.pretext_sentences, write.evidence)
         stats.add_coverage(cov)
         for c in cov:
             if not c["sentences"]:
                 yield "coverage", {"doc": doc.doc_id, **c}
     if "read" in kinds:
-        points = scan_read_points(doc, query_fn, q_thr=q_thr, max_queries=max_queries, filter_ambiguous=filter_ambiguous)
-        stats.misread_results += misread(doc, points, misread_rate, seed)
+        points = scan_read_points(doc, query_fn, q_thr=read.q_thr, max_queries=read.max_queries,
+                                  filter_ambiguous=read.filter_ambiguous)
+        stats.misread_results += misread(doc, points, read.misread_rate, seed)
         stats.add_read_points(points)
         for rec in read_records(doc, points):
             yield "read", rec
-        lone = context_free_records(doc, query_fn, read_context_free, seed, misread_rate, q_thr=q_thr,
-                                    max_queries=max_queries, filter_ambiguous=filter_ambiguous)
+        lone = context_free_records(doc, query_fn, read.context_free, seed, read.misread_rate, q_thr=read.q_thr,
+                                    max_queries=read.max_queries, filter_ambiguous=read.filter_ambiguous)
         stats.read_examples += len(lone)
         stats.context_free_reads += len(lone)
         stats.misread_results += sum(rec["misread"] for rec in lone)
         for rec in lone:
             yield "read", rec
-        for rec in question_form_records(doc, read_question_form, seed):
+        for rec in question_form_records(doc, read.question_form, seed):
             stats.read_examples += 1
             stats.question_form_reads += 1
             yield "read", rec
     if "eval" in kinds:
-        rec = eval_record(doc, max_queries=max_queries, filter_ambiguous=filter_ambiguous)
+        rec = eval_record(doc, max_queries=read.max_queries, filter_ambiguous=read.filter_ambiguous)
         stats.add_eval(rec)
         yield "eval", rec
     if "lm" in kinds:
         yield "lm", lm_record(doc)
 
 
-def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds: set[str], memory: str = "gold",
+def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds: set[str],
+              write: WriteRecipe = WriteRecipe(), read: ReadRecipe = ReadRecipe(),
               query_fn_factory: Callable[[Callable[[], Iterable[Document]]], object] | None = None,
-              pretext_sentences: int | None = 10, q_thr: int = 30, max_queries: int = 3, filter_ambiguous: bool = True,
-              counterfactual: int = 0, counterfactual_kinds: Collection[str] | None = None, context_free: int = 0,
-              read_context_free: int = 0, question_form: int = 0, read_question_form: int = 0,
-              misread_rate: float = 0.0, write_evidence: bool = False, fmt: str = "jsonl", limit: int | None = None,
-              seed: int = 0) -> Stats:
-    """Build the `kinds` of examples from `input_path` into `out_dir`. `counterfactual`: also build that many
-    counterfactual variants of every document (`data_gen.counterfactual`, paper §4.1), each record marked with its
-    `"variant"`; `counterfactual_kinds`: the kinds built from the variants (None: every kind of `kinds`), e.g.
-    {"write"} to add renamed documents to the memory-write examples only."""
+              fmt: str = "jsonl", limit: int | None = None, seed: int = 0) -> Stats:
+    """Build the `kinds` of examples from `input_path` into `out_dir` by the recipes; `write.counterfactual` /
+    `read.counterfactual` counterfactual variants of every document (`data_gen.counterfactual`, paper §4.1) add
+    to the write / read examples, each record marked with its `"variant"`. Reads are answered from the corpus's
+    gold triples unless `query_fn_factory` gives another memory."""
     out = pathlib.Path(out_dir)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    variant_kinds = kinds if counterfactual_kinds is None else set(counterfactual_kinds) & kinds
     try:
-        return _build_all(input_path, out, labels, kinds=kinds, query_fn_factory=query_fn_factory,
-                          pretext_sentences=pretext_sentences, q_thr=q_thr, max_queries=max_queries,
-                          filter_ambiguous=filter_ambiguous, counterfactual=counterfactual,
-                          counterfactual_kinds=variant_kinds,
-                          context_free=context_free, read_context_free=read_context_free, question_form=question_form,
-                          read_question_form=read_question_form, misread_rate=misread_rate,
-                          write_evidence=write_evidence, fmt=fmt, limit=limit, seed=seed)
+        return _build_all(input_path, out, labels, kinds, write, read, query_fn_factory, fmt, limit, seed)
     except BaseException:
         if created:  # the writers removed their temp files; leave no empty output directory either
             with contextlib.suppress(OSError):
@@ -147,41 +131,35 @@ def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds
         raise
 
 
-def _build_all(input_path: str, out: pathlib.Path, labels: Mapping[str, str], *, kinds: set[str], query_fn_factory,
-               pretext_sentences: int | None, q_thr: int, max_queries: int, filter_ambiguous: bool, counterfactual: int,
-               counterfactual_kinds: set[str], context_free: int, read_context_free: int, question_form: int,
-               read_question_form: int, misread_rate: float, write_evidence: bool, fmt: str, limit: int | None,
-               seed: int) -> Stats:
+def _build_all(input_path: str, out: pathlib.Path, labels: Mapping[str, str], kinds: set[str], write: WriteRecipe,
+               read: ReadRecipe, query_fn_factory, fmt: str, limit: int | None, seed: int) -> Stats:
     t0 = time.perf_counter()
-    streams: list[tuple[int | None, Callable[[], Iterator[Document]]]] = [
-        (None, lambda: iter_documents(input_path, labels, limit))]
-    if counterfactual:
+    streams: list[tuple[int | None, set[str], Callable[[], Iterator[Document]]]] = [
+        (None, kinds, lambda: iter_documents(input_path, labels, limit))]
+    variants = {"write": write.counterfactual, "read": read.counterfactual}
+    if any(variants[k] for k in kinds & variants.keys()):
         from data_gen.counterfactual import name_pools, permutation, replace_entities  # noqa: PLC0415
 
         raw = [d for i, d in zip(range(limit if limit is not None else 1 << 62), iter_json_array(input_path))]
         list(documents_from_raw(raw, labels, input_path))  # validate before building variants
         pools = name_pools(raw)
-        for v in range(counterfactual):
+        for v in range(max(variants[k] for k in kinds & variants.keys())):
             mapping = permutation(pools, seed, v)
-            streams.append((v, lambda m=mapping: documents_from_raw((replace_entities(d, m) for d in raw), labels,
-                                                                   f"{input_path} (counterfactual)")))
+            streams.append((v, {k for k in kinds & variants.keys() if v < variants[k]},
+                            lambda m=mapping: documents_from_raw((replace_entities(d, m) for d in raw), labels,
+                                                                 f"{input_path} (counterfactual)")))
     names = sorted(kinds) + (["coverage"] if "write" in kinds else [])
     suffix = ".array_record" if fmt == "arrayrecord" else ".jsonl"
     stats = Stats()
     with contextlib.ExitStack() as stack:
         writers = {k: stack.enter_context(ArrayRecordOut(out / f"{k}{suffix}") if fmt == "arrayrecord" and k != "coverage"
                                           else JsonlWriter(out / f"{k}.jsonl")) for k in names}
-        for variant, factory in streams:
-            doc_kinds = kinds if variant is None else counterfactual_kinds
+        for variant, doc_kinds, factory in streams:
             query_fn = None
             if "read" in doc_kinds:
                 query_fn = query_fn_factory(factory) if query_fn_factory is not None else _gold(factory)
             for doc in factory():
-                for kind, rec in build_document(doc, doc_kinds, query_fn, stats, pretext_sentences=pretext_sentences,
-                                                q_thr=q_thr, max_queries=max_queries, filter_ambiguous=filter_ambiguous,
-                                                context_free=context_free, read_context_free=read_context_free,
-                                                question_form=question_form, read_question_form=read_question_form,
-                                                misread_rate=misread_rate, write_evidence=write_evidence, seed=seed):
+                for kind, rec in build_document(doc, doc_kinds, query_fn, stats, write, read, seed):
                     if variant is not None:
                         rec["variant"] = variant
                     writers[kind].write(rec)

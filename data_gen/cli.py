@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--q-thr", type=int, default=30)
     b.add_argument("--max-queries", type=int, default=3)
     b.add_argument("--no-ambiguous-filter", action="store_true", help="keep Table 4's ambiguous queries")
-    b.add_argument("--counterfactual", type=int, default=0, help="also build N counterfactual variants (§4.1)")
+    b.add_argument("--counterfactual", type=int, default=0, help="also build N counterfactual variants (§4.1) of the write and read examples")
     b.add_argument("--context-free", type=int, default=0,
                    help="also N write examples per document of one later sentence without its pretext")
     b.add_argument("--write-evidence", action="store_true",
@@ -163,20 +163,24 @@ def _query_fn(args, docs_iter_factory, labels):
 
 def _build(args) -> int:
     from data_gen import build
+    from data_gen.recipes import ReadRecipe, WriteRecipe
+    from memllm_jax.settings import check_tree
 
     labels = _labels(args.labels, args.input)
     kinds = {k.strip() for k in args.kinds.split(",") if k.strip()}
     bad = kinds - {"write", "read", "eval", "lm"}
     if bad:
         raise SystemExit(f"--kinds: unknown kind(s) {sorted(bad)}")
-    stats = build.build_all(args.input, args.out, labels, kinds=kinds, memory=args.memory,
+    write = WriteRecipe(pretext_sentences=args.pretext_sentences, context_free=args.context_free,
+                        question_form=args.question_form, evidence=args.write_evidence, counterfactual=args.counterfactual)
+    read = ReadRecipe(q_thr=args.q_thr, max_queries=args.max_queries, filter_ambiguous=not args.no_ambiguous_filter,
+                      context_free=args.read_context_free, question_form=args.read_question_form,
+                      misread_rate=args.misread_rate, counterfactual=args.counterfactual)
+    check_tree(write)
+    check_tree(read)
+    stats = build.build_all(args.input, args.out, labels, kinds=kinds, write=write, read=read,
                             query_fn_factory=lambda factory: _query_fn(args, factory, labels),
-                            pretext_sentences=args.pretext_sentences, q_thr=args.q_thr, max_queries=args.max_queries,
-                            filter_ambiguous=not args.no_ambiguous_filter, counterfactual=args.counterfactual,
-                            context_free=args.context_free, read_context_free=args.read_context_free,
-                            question_form=args.question_form,
-                            read_question_form=args.read_question_form, misread_rate=args.misread_rate,
-                            write_evidence=args.write_evidence, fmt=args.format, limit=args.limit, seed=args.seed)
+                            fmt=args.format, limit=args.limit, seed=args.seed)
     print(stats.report(f"examples from {args.input}"))
     return 0
 

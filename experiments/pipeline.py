@@ -18,7 +18,8 @@ import time
 from typing import Any, Callable
 
 from experiments import stages
-from experiments.pipeline_config import STAGES, PipelineConfig, resolve_host_settings, stage_key
+from experiments.pipeline_config import (STAGES, PipelineConfig, changed_settings, resolve_host_settings,
+                                        stage_key, stage_settings)
 from memllm_jax.files import atomic_write_json
 
 
@@ -29,6 +30,17 @@ def run_stage_in_process(cfg: PipelineConfig, out: str, name: str) -> None:
     Pipeline(cfg, out, say=lambda msg: print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)).run_stage(name)
 
 
+def parallel_adapters(cfg: PipelineConfig) -> bool:
+    """Train the memory-read adapter in a second process while the memory-write adapter trains: on a CPU host with
+    two or more cores, for a tiny base pretrained here (two processes of a pretrained base's size compete for memory
+    bandwidth and gain nothing); never on an accelerator, where two processes would compete for the device."""
+    import os
+
+    import jax
+
+    return not cfg.base.model and jax.default_backend() == "cpu" and (os.cpu_count() or 1) >= 2
+
+
 class Pipeline:
     def __init__(self, cfg: PipelineConfig, out: str | pathlib.Path, say: Callable[[str], None] = print):
         self.cfg, self.out, self.say = resolve_host_settings(cfg, say), pathlib.Path(out), say
@@ -36,16 +48,27 @@ class Pipeline:
 
     # ------------------------------------------------------------------------------------------ driver
 
-    def done(self, name: str) -> bool:
+    def _stamp(self, name: str) -> dict | None:
         stamp = self.out / "stages" / f"{name}.json"
-        return stamp.exists() and json.loads(stamp.read_text()).get("key") == stage_key(self.cfg, name)
+        return json.loads(stamp.read_text()) if stamp.exists() else None
+
+    def done(self, name: str) -> bool:
+        stamp = self._stamp(name)
+        return stamp is not None and stamp.get("key") == stage_key(self.cfg, name)
 
     def run_stage(self, name: str, force: bool = False) -> None:
         if name not in STAGES:
-            raise ValueError(f"unknown stage {name!r}; stages: {STAGES}")
+            raise ValueError(f"unknown stage {name!r}; stages: {tuple(STAGES)}")
         if self.done(name) and not force:
             self.say(f"[{name}] up to date, skipped")
             return
+        stamp = self._stamp(name)
+        if stamp is not None and not force:  # say in one line why a finished stage runs again
+            if "settings" in stamp:
+                changed = changed_settings(stamp["settings"], stage_settings(self.cfg, name))
+                self.say(f"[{name}] settings changed since its last run: {'; '.join(changed) or 'an upstream stage'}")
+            else:
+                self.say(f"[{name}] stamped by an older version of the pipeline: running again")
         t0 = time.perf_counter()
         self.say(f"[{name}] running")
         info = getattr(self, f"stage_{name}")() or {}
@@ -55,11 +78,12 @@ class Pipeline:
 
         release_freed_memory()  # `memllm run` keeps freed memory for reuse within a stage, not across stages
         release_if_many_mappings(self.say)
-        atomic_write_json(self.out / "stages" / f"{name}.json", {"key": stage_key(self.cfg, name), "seconds": seconds, **info},
-                          indent=1, default=str)
+        atomic_write_json(self.out / "stages" / f"{name}.json",
+                          {"key": stage_key(self.cfg, name), "seconds": seconds, **info,
+                           "settings": stage_settings(self.cfg, name)}, indent=1, default=str)
         self.say(f"[{name}] done in {seconds:.1f}s")
 
-    def run(self, stages=STAGES) -> None:
+    def run(self, stages=tuple(STAGES)) -> None:
         atomic_write_json(self.out / "config.json", dataclasses.asdict(self.cfg), indent=1, default=str)
         side = None
         try:
@@ -68,7 +92,7 @@ class Pipeline:
                     side.wait(self.say)
                     side = None
                     continue
-                if name == "mw" and self.cfg.parallel_adapters and "mr" in stages and not self.done("mr"):
+                if name == "mw" and parallel_adapters(self.cfg) and "mr" in stages and not self.done("mr"):
                     from experiments.side_stage import SideStage
 
                     side = SideStage(self.cfg, self.out, "mr", run_stage_in_process).start(self.say)
@@ -90,16 +114,16 @@ class Pipeline:
         if "enc" not in self._cache:
             from memllm_jax.memory import load_encoder
 
-            self._cache["enc"] = load_encoder(self.cfg.encoder)
+            self._cache["enc"] = load_encoder(self.cfg.write.encoder)
         return self._cache["enc"]
 
     def model(self, which: str):
-        """"base", "mw", "mr" or "judge": the trained model, loaded once."""
+        """"base", "mw" or "mr": the trained model, loaded once."""
         if which not in self._cache:
             from experiments.training import load_trained
 
             path = self.out / "train" / which
-            if which == "base" and self.cfg.base_model:
+            if which == "base" and self.cfg.base.model:
                 path = pathlib.Path(stages._base_dir(self))
             elif which == "base":
                 path = self.out / "train" / "pretrain"
@@ -145,7 +169,6 @@ class Pipeline:
     stage_pretrain = stages.stage_pretrain
     stage_mw = stages.stage_mw
     stage_mr = stages.stage_mr
-    stage_judge = stages.stage_judge
     stage_memory = stages.stage_memory
     stage_diagnostics = stages.stage_diagnostics
     stage_table2 = stages.stage_table2

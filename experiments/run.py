@@ -1,32 +1,39 @@
 """`memllm run`: the embedded-default main job, any experiment config, or a sweep.
 
     memllm run --out outputs/default                       # experiments/configs/default.py, every stage
-    memllm run --config experiments/configs/table2.py --out DIR [--set rows="('row7',)"] [--sweep]
+    memllm run --config experiments/configs/table2.py --out DIR [--set "table2.rows=('row7',)"] [--sweep]
     memllm run --out DIR --stage table2 [--force]          # one stage (its inputs must exist)
+    memllm run --config smollm2_redocred --print-config    # the resolved settings tree
 
 A config file's `get_config()` returns a `PipelineConfig`; `sweep(add)` calls `add(name, *assignments)` once
-per point. Sweep points share the output directory (stages whose settings did not change are skipped, so
+per point. Every setting (and every sweep point's) is parsed to its field's type and checked before anything
+runs or is written. Sweep points share the output directory (stages whose settings did not change are skipped, so
 models are trained once) and each point's results are copied to `DIR/sweep/<name>/`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.util
 import pathlib
 import shutil
+import json
 import sys
 import time
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="default", help="experiments/configs module name or a .py file (default: default)")
     parser.add_argument("--out", default="outputs/default", help="output directory for every artefact")
-    parser.add_argument("--set", action="append", default=[], metavar="K=V", help="override a config field (repeatable)")
+    parser.add_argument("--set", action="append", default=[], metavar="A.B=V",
+                        help="change a setting, e.g. mw.steps=200 (repeatable; see --print-config)")
     parser.add_argument("--sweep", action="store_true", help="run every point of the config's sweep(add)")
     parser.add_argument("--stage", action="append", default=[], help="run only these stages (repeatable)")
     parser.add_argument("--force", action="store_true", help="rerun the selected stages even when up to date")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved settings tree and exit")
 
 
 def load_config_module(spec: str):
@@ -52,11 +59,11 @@ def sweep_points(module) -> list[tuple[str, tuple[str, ...]]]:
     return points
 
 
-def main(args: argparse.Namespace) -> int:
-    from experiments.pipeline import Pipeline
-    from experiments.pipeline_config import STAGES, PipelineConfig
-    from memllm_jax.config import override
-    from memllm_jax.train.host_memory import keep_freed_memory
+def resolve(args: argparse.Namespace) -> tuple[Any, list[tuple[str, Any]]]:
+    """The config module and its points `(name, PipelineConfig)` (one unnamed point without `--sweep`), every
+    setting parsed and checked: a bad one is an `InputError` before anything runs."""
+    from experiments.pipeline_config import PipelineConfig, check_config
+    from memllm_jax.settings import override
 
     module = load_config_module(args.config)
     base = module.get_config()
@@ -64,23 +71,38 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"{args.config}: get_config() returned {type(base).__name__}; `memllm run` takes a PipelineConfig "
                          "(training configs run with `memllm train`)")
     base = override(base, *args.set)
-    if base.keep_freed_memory:
-        keep_freed_memory()  # before JAX starts: the training and decoding steps reuse their buffers' pages
+    points = []
+    for name, assignments in (sweep_points(module) if args.sweep else [("", ())]):
+        cfg = override(base, *assignments)
+        check_config(cfg)
+        points.append((name, cfg))
+    return module, points
+
+
+def main(args: argparse.Namespace) -> int:
+    from experiments.pipeline import Pipeline
+    from experiments.pipeline_config import STAGES
+    from memllm_jax.train.host_memory import keep_freed_memory
+
+    stages = tuple(args.stage) or tuple(STAGES)
+    bad = [s for s in stages if s not in STAGES]
+    if bad:
+        raise SystemExit(f"--stage: unknown stage(s) {bad}; stages: {', '.join(STAGES)}")
+    _, points = resolve(args)
+    if args.print_config:
+        for name, cfg in points:
+            print(json.dumps({"point": name, **dataclasses.asdict(cfg)} if name else dataclasses.asdict(cfg), indent=1))
+        return 0
+    keep_freed_memory()  # before JAX starts: the training and decoding steps reuse their buffers' pages
     out = pathlib.Path(args.out)
     t0 = time.perf_counter()
 
     def say(msg: str) -> None:
         print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)
 
-    stages = tuple(args.stage) or STAGES
-    bad = [s for s in stages if s not in STAGES]
-    if bad:
-        raise SystemExit(f"unknown stage(s) {bad}; stages: {STAGES}")
-    points = sweep_points(module) if args.sweep else [("", ())]
-    for name, assignments in points:
-        cfg = override(base, *assignments)
+    for name, cfg in points:
         if name:
-            say(f"=== sweep point {name}: {' '.join(assignments)}")
+            say(f"=== sweep point {name}")
         pipe = Pipeline(cfg, out, say)
         if args.force:
             for s in stages:

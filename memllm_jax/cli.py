@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "memory": ("memllm_jax.memory.cli", "create, import, export, query and inspect a triple memory"),
     "generate": ("memllm_jax.decode.generate_cli", "generate text with memory reads"),
     "chat": ("memllm_jax.decode.chat_cli", "interactive chat with a persistent memory"),
-    "eval": ("memllm_jax.eval.cli", "Table 2 perplexity, Table 3 editing and scaling evaluations"),
+    "eval": ("experiments.eval_cli", "Table 2 perplexity, Table 3 editing and scaling evaluations"),
     "convert": ("memllm_jax.model.convert_cli", "convert weights between HF directories and Orbax checkpoints"),
     "model-size": ("memllm_jax.model.size_cli", "parameter bytes in total and per device for a preset on a mesh"),
     "plan": ("memllm_jax.plan_cli", "AOT-compile the train and decode steps: per-device memory, FLOPs, fit"),

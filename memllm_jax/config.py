@@ -2,14 +2,15 @@
 
 Every field has a docstring directly below it. Configs are plain values: they can be hashed (so they can be
 static arguments of `jax.jit`), compared, printed and overridden with `dataclasses.replace` or with
-`override(cfg, "model.d_model=64", ...)` from the command line.
+`memllm_jax.settings.override(cfg, "model.d_model=64", ...)` from the command line. Each class's `BOUNDS`,
+`CHOICES` and `check()` are the rules `memllm_jax.settings.check_tree` applies before anything runs.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
-from typing import Any
+from typing import ClassVar
 
 from memllm_jax.errors import InputError
 
@@ -74,6 +75,17 @@ class ModelConfig:
     compiled (compile time independent of depth) and only one layer's gathered weights are live at a time.
     False: a Python loop over separate blocks."""
 
+    BOUNDS: ClassVar[dict] = {f: "positive" for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
+                                                       "head_dim", "d_ff", "sliding_window", "rope_theta",
+                                                       "norm_eps", "max_seq_len")} | {"attention_block": "nonnegative"}
+    CHOICES: ClassVar[dict] = {"param_dtype": ("float32", "bfloat16"), "compute_dtype": ("float32", "bfloat16"),
+                               "matmul_dtype": ("float32", "bfloat16", "auto"),
+                               "attention": ("einsum", "xla", "cudnn", "auto", "splash", "splash_interpret")}
+
+    def check(self) -> None:
+        if self.n_heads % self.n_kv_heads:
+            raise InputError(f"n_kv_heads={self.n_kv_heads}: must divide n_heads={self.n_heads}")
+
     @property
     def operand_dtype(self) -> str:
         """The dtype the linear layers' matmul operands are rounded to: `matmul_dtype`, else `compute_dtype`."""
@@ -102,6 +114,10 @@ class LoraConfig:
     """Token ids whose embedding rows are trained too (PEFT `trainable_token_indices`), e.g. added API
     markers; kept as a zero-initialised delta in the adapter. Their LM-head rows adapt through the lm_head LoRA."""
 
+    BOUNDS: ClassVar[dict] = {"rank": "positive", "alpha": "positive", "dropout": (0.0, 0.99),
+                              "trainable_tokens": "nonnegative"}
+    CHOICES: ClassVar[dict] = {"targets": ("q", "k", "v", "o", "gate", "up", "down", "lm_head")}
+
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
@@ -113,6 +129,13 @@ class MeshConfig:
     """Data parallelism with parameters and optimizer state sharded (ZeRO-3 style)."""
     tensor: int = 1
     """Tensor (model) parallelism over heads and the MLP hidden dimension."""
+
+    BOUNDS: ClassVar[dict] = {"data": (-1, None), "fsdp": (-1, None), "tensor": (-1, None)}
+
+    def check(self) -> None:
+        for name in ("data", "fsdp", "tensor"):
+            if getattr(self, name) == 0:
+                raise InputError(f"{name}=0: an axis size is a positive number of devices or -1 (all remaining)")
 
 
 def parse_mesh(text: str) -> tuple[int, int, int]:
@@ -215,36 +238,6 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def override(cfg: Any, *assignments: str) -> Any:
-    """Apply `a.b.c=value` assignments to a (nested) frozen dataclass, returning a new one.
-
-    Values are parsed as Python literals when possible (`3`, `1e-4`, `None`, `("q","v")`), else kept as
-    strings. Unknown field names raise an `InputError` (a ValueError) naming the path.
-    """
-    for assignment in assignments:
-        if "=" not in assignment:
-            raise InputError(f"override {assignment!r}: expected the form a.b=value")
-        path, raw = assignment.split("=", 1)
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw
-        cfg = _replace_path(cfg, path.split("."), value, path)
-    return cfg
-
-
-def _replace_path(obj: Any, keys: list[str], value: Any, full: str) -> Any:
-    key = keys[0]
-    if not dataclasses.is_dataclass(obj) or key not in {f.name for f in dataclasses.fields(obj)}:
-        raise InputError(f"override {full!r}: {type(obj).__name__} has no field {key!r}")
-    if len(keys) == 1:
-        current = getattr(obj, key)
-        if isinstance(current, tuple) and isinstance(value, list):
-            value = tuple(value)
-        return dataclasses.replace(obj, **{key: value})
-    return dataclasses.replace(obj, **{key: _replace_path(getattr(obj, key), keys[1:], value, full)})
-
-
 @dataclasses.dataclass(frozen=True)
 class MemoryConfig:
     """Triple-memory retrieval (paper §3.1, Appendix D) and index settings."""
@@ -277,6 +270,12 @@ class MemoryConfig:
     (recall vs speed; at 1M rows: 3 of 1,000 leaves)."""
     cache_size: int = 100_000
     """Embeddings of query names not stored in the memory kept in an LRU cache (each name encoded once)."""
+
+    BOUNDS: ClassVar[dict] = {"tau_entity": (-1.0, 1.0), "tau_relation": (-1.0, 1.0), "tau_result": (-1.0, 1.0),
+                              "q_thr": "positive", "partition_threshold": "positive", "max_name_chars": "positive",
+                              "index_delta_min": "nonnegative", "scann_leaves_to_search_fraction": (1e-9, 1.0),
+                              "cache_size": "nonnegative"}
+    CHOICES: ClassVar[dict] = {"index": ("exact", "scann", "auto")}
 
 
 PAPER_MEMORY = MemoryConfig()

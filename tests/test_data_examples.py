@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from data_gen.recipes import ReadRecipe, WriteRecipe
 from data_gen.docred import parse_document
 from data_gen.eval_examples import eval_record
 from data_gen.gold_memory import GoldLookup
@@ -137,7 +138,7 @@ def _extra_write_records(tmp_path, flag: str, **build_kwargs) -> list[dict]:
 
 
 def test_build_adds_context_free_write_examples(tmp_path):
-    extra = _extra_write_records(tmp_path, "context_free", context_free=1)
+    extra = _extra_write_records(tmp_path, "context_free", write=WriteRecipe(context_free=1))
     assert len(extra) == 1 and extra[0]["segments"][0]["text"] == (
         "({USER_ST})The song Il Regalo Più Grande is part of Alla Mia Età.({USER_END})")
     assert extra[0]["triples"] == [["Il Regalo Più Grande", "part of", "Alla Mia Età"]]
@@ -175,7 +176,7 @@ def test_relation_questions_cover_docred_relations():
 
 
 def test_build_adds_question_form_write_examples(tmp_path):
-    (extra,) = _extra_write_records(tmp_path, "question_form", question_form=1)
+    (extra,) = _extra_write_records(tmp_path, "question_form", write=WriteRecipe(question_form=1))
     (triple,) = extra["triples"]
     prompt = extra["segments"][0]["text"]
     assert prompt.startswith("({USER_ST})") and prompt.endswith(" It is or they are " + triple[2] + "({USER_END})")
@@ -212,7 +213,7 @@ def _extra_read_records(tmp_path, flag: str, count_field: str, **build_kwargs) -
 
 
 def test_build_adds_question_form_read_examples(tmp_path):
-    (extra,) = _extra_read_records(tmp_path, "question_form", "question_form_reads", read_question_form=1)
+    (extra,) = _extra_read_records(tmp_path, "question_form", "question_form_reads", read=ReadRecipe(question_form=1))
     assert extra["segments"][1]["text"].startswith("({MEM_READ(") and extra["eos"]
 
 
@@ -232,7 +233,7 @@ def test_context_free_read_records(doc):
 
 
 def test_build_adds_context_free_read_examples(tmp_path):
-    extra = _extra_read_records(tmp_path, "context_free", "context_free_reads", read_context_free=1)
+    extra = _extra_read_records(tmp_path, "context_free", "context_free_reads", read=ReadRecipe(context_free=1))
     assert [r["sent_id"] for r in extra] == [2]
 
 
@@ -278,7 +279,7 @@ def test_misread_replaces_results_by_entities_named_before_the_read(doc, tmp_pat
     assert recs[1]["results"] == ["Alla Mia Età"] and recs[1]["segments"][2]["text"] == "Alla Mia Età})"
     path = tmp_path / "c.json"
     path.write_text(json.dumps([RAW]))
-    stats = build.build_all(str(path), str(tmp_path / "out"), LABELS, kinds={"read"}, misread_rate=1.0, seed=3)
+    stats = build.build_all(str(path), str(tmp_path / "out"), LABELS, kinds={"read"}, read=ReadRecipe(misread_rate=1.0), seed=3)
     built = [json.loads(line) for line in (tmp_path / "out" / "read.jsonl").read_text().splitlines()]
     assert stats.misread_results == 3 and [r["results"] for r in built] == [r["results"] for r in recs]
     assert [r["misread"] for r in built] == [0, 1, 2]  # the first read has no wrong entity to take
@@ -297,8 +298,8 @@ def test_misread_counts_the_context_free_reads_too(tmp_path):
     raw["vertexSet"][1].append({"name": "Ferro", "sent_id": 2, "pos": [13, 14], "type": "PER"})
     path = tmp_path / "c.json"
     path.write_text(json.dumps([raw]))
-    stats = build.build_all(str(path), str(tmp_path / "out"), LABELS, kinds={"read"}, misread_rate=1.0, seed=3,
-                            read_context_free=2)
+    stats = build.build_all(str(path), str(tmp_path / "out"), LABELS, kinds={"read"},
+                            read=ReadRecipe(misread_rate=1.0, context_free=2), seed=3)
     built = [json.loads(line) for line in (tmp_path / "out" / "read.jsonl").read_text().splitlines()]
     lone = [r for r in built if r.get("context_free")]
     assert sum(r["misread"] for r in lone) > 0

@@ -89,16 +89,18 @@ def test_counterfactual_consistent_replacement():
 
 
 def test_counterfactual_variants_of_chosen_kinds_only(tmp_path):
-    """`counterfactual_kinds={"write"}` adds the renamed documents' write examples and leaves every other kind as
-    the build without variants makes it (the pipeline's `write_counterfactual`)."""
+    """`WriteRecipe.counterfactual` adds the renamed documents' write examples and leaves every other kind as the
+    build without variants makes it."""
     from data_gen.build import build_all
+    from data_gen.recipes import WriteRecipe
 
     corpus = tmp_path / "synth.json"
     corpus.write_text(json.dumps(list(iter_synthetic(30, seed=5))))
     labels = synthetic_rel_info()
-    plain = build_all(str(corpus), str(tmp_path / "plain"), labels, kinds={"write", "read", "lm"}, context_free=1, seed=0)
-    build_all(str(corpus), str(tmp_path / "cf"), labels, kinds={"write", "read", "lm"}, context_free=1, seed=0,
-              counterfactual=2, counterfactual_kinds={"write"})
+    plain = build_all(str(corpus), str(tmp_path / "plain"), labels, kinds={"write", "read", "lm"},
+                      write=WriteRecipe(context_free=1), seed=0)
+    build_all(str(corpus), str(tmp_path / "cf"), labels, kinds={"write", "read", "lm"},
+              write=WriteRecipe(context_free=1, counterfactual=2), seed=0)
     for kind in ("read", "lm"):
         assert (tmp_path / "cf" / f"{kind}.jsonl").read_bytes() == (tmp_path / "plain" / f"{kind}.jsonl").read_bytes()
     read = lambda path: [json.loads(line) for line in path.read_text().splitlines()]  # noqa: E731

@@ -136,9 +136,9 @@ def test_lora_plus_scales_the_b_matrices_updates_only():
 
 def test_lora_plus_ratio_is_checked():
     lora = LoraConfig(rank=4)
-    for ratio, mode, words in ((0.0, "lora", "positive"), (float("nan"), "lora", "positive"), (4.0, "full", "mode")):
+    for ratio, mode, words in ((0.0, "lora", "> 0"), (float("nan"), "lora", "finite"), (4.0, "full", "mode")):
         cfg = dataclasses.replace(CFG, mode=mode, lora=lora, lora_b_lr_ratio=ratio)
-        with pytest.raises(ValueError, match=rf"TrainConfig.lora_b_lr_ratio=.*{words}"):
+        with pytest.raises(ValueError, match=rf"setting lora_b_lr_ratio=.*{words}"):
             validate(cfg)
 
 

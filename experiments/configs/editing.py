@@ -1,18 +1,15 @@
-"""Table 3: knowledge editing on ZsRE (../shared/data/zsre/zsre_dev200.json; skipped when absent) with the
-embedded default's models. The sweep varies the number of sequential edits T."""
+"""Table 3 on the ZsRE file alone (no Table 2 rows, no scaling), with a sweep over the number of sequential edits."""
 
-import pathlib
-
+from experiments.configs import paths
 from experiments.pipeline_config import PipelineConfig
-
-ZSRE = str(pathlib.Path(__file__).resolve().parents[3] / "shared" / "data" / "zsre" / "zsre_dev200.json")
+from memllm_jax.settings import replace
 
 
 def get_config() -> PipelineConfig:
-    return PipelineConfig(name="editing_zsre", rows=(), editing=ZSRE, n_edits=200, scaling_sizes=(),
-                          growth_checkpoints=())
+    return replace(PipelineConfig(), {"name": "editing_zsre", "table2.rows": (), "editing.records": paths.zsre(),
+                                      "editing.n_edits": 200, "scaling.sizes": (), "scaling.growth_checkpoints": ()})
 
 
 def sweep(add) -> None:
     for t in (1, 10, 50, 200):
-        add(f"T{t}", f"n_edits={t}", "editing_regimes=('sequential',)")
+        add(f"T{t}", f"editing.n_edits={t}", "editing.regimes=('sequential',)")

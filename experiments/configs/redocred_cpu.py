@@ -1,20 +1,17 @@
-"""Re-DocRED test (../shared/data/redocred/test_revised.json, 500 documents) split into 450 training and 50
-held-out documents, with the tiny model on CPU. Run: memllm run --config redocred_cpu --out outputs/redocred"""
+"""The tiny pipeline (`default_tiny`) on Re-DocRED: the test file split into training and 50 evaluation documents,
+Table 3 on the ZsRE file; minutes on a CPU, for checking the real-data plumbing."""
 
-import pathlib
-
-from experiments.pipeline_config import PipelineConfig
-
-SHARED = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
+from experiments.configs import default_tiny, paths
+from memllm_jax.settings import replace
 
 
-def get_config() -> PipelineConfig:
-    return PipelineConfig(name="redocred_cpu", corpus=str(SHARED / "redocred" / "test_revised.json"),
-                          labels=str(SHARED / "docred" / "rel_info.json"), eval_docs=50, vocab_size=4096,
-                          editing=str(SHARED / "zsre" / "zsre_dev200.json"), n_edits=50,
-                          scaling_sizes=(0, 1000, 10000), growth_checkpoints=(100, 1000, 3000, 10000))
+def get_config():
+    return replace(default_tiny.get_config(), {
+        "name": "redocred_cpu", "data.corpus": paths.redocred("test"), "data.labels": paths.docred_labels(),
+        "data.eval_docs": 50, "editing.records": paths.zsre(), "editing.n_edits": 50,
+        "scaling.sizes": (0, 1000, 10000), "scaling.growth_checkpoints": (100, 1000, 3000, 10000)})
 
 
 def sweep(add) -> None:
     add("eval50")
-    add("eval100", "eval_docs=100")
+    add("eval100", "data.eval_docs=100")

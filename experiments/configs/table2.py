@@ -1,15 +1,16 @@
-"""Table 2 on the embedded default's artefacts; the sweep evaluates one row per point (models are trained
-once: only the table2 stage's settings change between points)."""
+"""Table 2 alone, one row per sweep point (rows ① and ② need the outside documents' memory, so they run with
+the whole table: `memllm run`)."""
 
-from experiments.pipeline_config import PipelineConfig
-from memllm_jax.eval.rows import ROWS
+from experiments.pipeline_config import TABLE2_ROWS, PipelineConfig
+from memllm_jax.settings import replace
 
 
 def get_config() -> PipelineConfig:
-    return PipelineConfig(name="table2", editing="", scaling_sizes=(), growth_checkpoints=())
+    return replace(PipelineConfig(), {"name": "table2", "editing.records": "", "scaling.sizes": (),
+                                      "scaling.growth_checkpoints": ()})
 
 
 def sweep(add) -> None:
-    for key in ROWS:
+    for key in TABLE2_ROWS:
         if not key.startswith(("row1", "row2")):
-            add(key, f"rows=('{key}',)")
+            add(key, f"table2.rows=('{key}',)")

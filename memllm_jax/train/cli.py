@@ -50,7 +50,7 @@ def load_config_module(spec: str):
 
 
 def resolve_config(spec: str, assignments: list[str], point: str | None = None):
-    from memllm_jax.config import override
+    from memllm_jax.settings import check_tree, override
     from memllm_jax.train.config import TrainConfig
 
     module = load_config_module(spec)
@@ -63,10 +63,9 @@ def resolve_config(spec: str, assignments: list[str], point: str | None = None):
         if point not in points:
             raise SystemExit(f"{spec}: no sweep point {point!r} (have {sorted(points)})")
         cfg = override(cfg, *points[point])
-    try:
-        return override(cfg, *assignments)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from exc
+    cfg = override(cfg, *assignments)
+    check_tree(cfg)
+    return cfg
 
 
 def main(args: argparse.Namespace) -> int:

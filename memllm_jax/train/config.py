@@ -1,15 +1,17 @@
 """`TrainConfig`: everything a training run needs, as one frozen, overridable value.
 
 Experiment files (`experiments/configs/*.py`) return one from `get_config()`; the command line changes fields
-with `--set a.b=c` (`memllm_jax.config.override`).
+with `--set a.b=c` (`memllm_jax.settings.override`), and `memllm_jax.settings.check_tree` checks every field.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+from typing import ClassVar
 
 from memllm_jax.config import DEFAULT_TINY, MODEL_LAYOUT_FIELDS, LoraConfig, MeshConfig, ModelConfig
+from memllm_jax.errors import InputError
+from memllm_jax.settings import check_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +122,29 @@ class TrainConfig:
     progress: bool = True
     """Show a tqdm progress bar (loss, tokens/s, ETA)."""
 
+    BOUNDS: ClassVar[dict] = {
+        **{f: "positive" for f in ("seq_len", "buckets", "global_batch", "micro_batches", "steps", "epochs", "lr",
+                                   "lora_b_lr_ratio", "eps", "clip_norm", "eval_batch", "eval_max_examples",
+                                   "log_every", "keep_checkpoints", "export_steps")},
+        **{f: "nonnegative" for f in ("warmup_steps", "weight_decay", "eval_every", "checkpoint_every", "seed",
+                                      "data_seed")},
+        "eval_fraction": (0.0, 0.9), "end_lr_fraction": "fraction", "b1": (0.0, 0.9999), "b2": (0.0, 0.9999)}
+    CHOICES: ClassVar[dict] = {"mode": ("full", "lora"), "schedule": ("cosine", "linear", "constant"),
+                               "packing": ("pad", "pack", "pack_examples", "pack_prefixes")}
+
+    def check(self) -> None:
+        """Rules across fields (each field's own type and range are checked by `settings.check_tree`)."""
+        if self.mode == "lora" and self.lora is None:
+            raise InputError("lora=None: mode='lora' needs LoRA settings")
+        if self.global_batch % self.micro_batches:
+            raise InputError(f"micro_batches={self.micro_batches}: must divide global_batch={self.global_batch}")
+        if self.lora_b_lr_ratio != 1.0 and self.mode != "lora":
+            raise InputError(f"lora_b_lr_ratio={self.lora_b_lr_ratio}: needs mode='lora' (got {self.mode!r})")
+        if self.steps is None and self.epochs is None:
+            raise InputError("steps=None: set steps or epochs")
+        if self.seq_len > self.model.max_seq_len:
+            raise InputError(f"seq_len={self.seq_len}: exceeds model.max_seq_len={self.model.max_seq_len}")
+
 
 RUN_FIELDS = ("name", "mesh", "micro_batches", "eval_every", "eval_batch", "eval_max_examples", "log_every",
               "workdir", "checkpoint_every", "keep_checkpoints", "sparse_head", "export_steps", "async_checkpoint",
@@ -171,24 +196,10 @@ def config_from_json(d: dict) -> TrainConfig:
 
 
 def validate(cfg: TrainConfig) -> None:
-    """Raise a ValueError naming the field for inconsistent settings."""
-    if cfg.mode not in ("full", "lora"):
-        raise ValueError(f"TrainConfig.mode must be 'full' or 'lora', got {cfg.mode!r}")
-    if cfg.mode == "lora" and cfg.lora is None:
-        raise ValueError("TrainConfig.mode='lora' needs TrainConfig.lora")
-    if cfg.schedule not in ("cosine", "linear", "constant"):
-        raise ValueError(f"TrainConfig.schedule must be cosine, linear or constant, got {cfg.schedule!r}")
-    if cfg.global_batch % cfg.micro_batches:
-        raise ValueError(f"TrainConfig.global_batch={cfg.global_batch} is not divisible by micro_batches={cfg.micro_batches}")
-    if not (math.isfinite(cfg.lora_b_lr_ratio) and cfg.lora_b_lr_ratio > 0):
-        raise ValueError(f"TrainConfig.lora_b_lr_ratio={cfg.lora_b_lr_ratio} must be a positive number")
-    if cfg.lora_b_lr_ratio != 1.0 and cfg.mode != "lora":
-        raise ValueError(f"TrainConfig.lora_b_lr_ratio={cfg.lora_b_lr_ratio} needs mode='lora' (got {cfg.mode!r})")
-    if cfg.steps is None and cfg.epochs is None:
-        raise ValueError("set TrainConfig.steps or TrainConfig.epochs")
+    """Raise an `InputError` naming the setting when `cfg` cannot run: any field out of its range (`check_tree`),
+    or no data or tokenizer given."""
+    check_tree(cfg)
     if not cfg.train_data:
-        raise ValueError("TrainConfig.train_data is empty")
+        raise InputError("setting train_data=(): no training data")
     if not cfg.tokenizer:
-        raise ValueError("TrainConfig.tokenizer is empty")
-    if cfg.seq_len > cfg.model.max_seq_len:
-        raise ValueError(f"TrainConfig.seq_len={cfg.seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}")
+        raise InputError("setting tokenizer='': no tokenizer")

@@ -10,12 +10,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("what", choices=("table2", "editing", "scaling"), help="which evaluation")
     parser.add_argument("--out", required=True, help="pipeline output directory")
     parser.add_argument("--config", default="default", help="experiments/configs module or .py file")
-    parser.add_argument("--set", action="append", default=[], metavar="K=V", help="override a config field")
+    parser.add_argument("--set", action="append", default=[], metavar="A.B=V",
+                        help="change a setting, e.g. table2.rows=\"('row7',)\" (repeatable; checked before anything runs)")
 
 
 def main(args: argparse.Namespace) -> int:
     from experiments import run
 
     ns = argparse.Namespace(config=args.config, out=args.out, set=args.set, sweep=False, stage=[args.what, "report"],
-                            force=True)
+                            force=True, print_config=False, dry_run=False)
     return run.main(ns)
