@@ -94,7 +94,7 @@ class Pipeline:
         return self._cache["enc"]
 
     def model(self, which: str):
-        """"base", "mw", "mr" or "judge": the trained model, loaded once."""
+        """"base", "mw" or "mr": the trained model, loaded once."""
         if which not in self._cache:
             from experiments.training import load_trained
 
@@ -145,7 +145,6 @@ class Pipeline:
     stage_pretrain = stages.stage_pretrain
     stage_mw = stages.stage_mw
     stage_mr = stages.stage_mr
-    stage_judge = stages.stage_judge
     stage_memory = stages.stage_memory
     stage_diagnostics = stages.stage_diagnostics
     stage_table2 = stages.stage_table2

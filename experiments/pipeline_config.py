@@ -12,8 +12,7 @@ import hashlib
 import json
 from typing import Any, Callable
 
-STAGES = ("corpus", "tokenizer", "pretrain", "mw", "mr", "judge", "memory", "diagnostics", "table2", "editing", "scaling",
-          "report")
+STAGES = ("corpus", "tokenizer", "pretrain", "mw", "mr", "memory", "diagnostics", "table2", "editing", "scaling", "report")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,14 +95,8 @@ class PipelineConfig:
     """experiments/configs module for the memory-write adapter's TrainConfig."""
     mr_config: str = "mr_tiny"
     """experiments/configs module for the memory-read adapter's TrainConfig."""
-    judge_config: str = ""
-    """experiments/configs module for the triple judge's adapter (`decode.judge`, e.g. "judge_smollm2"): the memory
-    stage then keeps a written triple by the judge's log-odds instead of the memory-write model's own confidence
-    (`write_min_confidence` and `write_confidence_grid` are judge thresholds); "" = no judge."""
-    judge_negatives: int = 2
-    """The judge's training examples: negatives per positive (`data_gen.judge_examples`)."""
     train_overrides: tuple[str, ...] = ()
-    """`section.field=value` for the training configs, e.g. ("pretrain.steps=200", "mr.lr=1e-3", "judge.steps=50")."""
+    """`section.field=value` for the training configs, e.g. ("pretrain.steps=200", "mr.lr=1e-3")."""
     matmul_dtype: str | None = None
     """Operand dtype of the linear layers' matmuls of every model of the run, trained or evaluated (`ModelConfig.
     matmul_dtype`; None: each config's own). "bfloat16" multiplies bf16-rounded operands with float32
@@ -116,19 +109,9 @@ class PipelineConfig:
     write_late_stopping: bool = True
     """Memory writes (the memory stage and the edits) decode with late stopping (paper Appendix A); False: the
     call ends at the first `})` the model emits."""
-    write_stop_repeats: bool = False
-    """Memory writes stop a call once its last tokens repeat the ones before them (`decode.writer`, "Repeats"):
-    the same triples, but a batch no longer runs to the token budget for one looping call."""
     write_ban_repeats: int = 0
     """> 0: a memory-write call never writes an item twice; when the model would, the call rewinds to that item's
     start and takes its next choice there instead, at most this many times per call (`decode.item_bans`)."""
-    write_copied_names: bool = False
-    """Memory writes copy their names from the prompt's text and their relations from the relation labels as they
-    decode: among its top tokens the model's best choice that keeps the field so (`decode.copy_names`)."""
-    write_close_bias: float = 0.0
-    """> 0: memory writes choose the closing token `})` as if its logit were that much lower, so a call goes on to the
-    items the model would leave out; each such item is opened with the token's own log-probability, so
-    `write_min_confidence` can drop it again (`decode.writer`, "Longer calls")."""
     write_max_new_tokens: int = 128
     """Token budget of one memory-write call; a call cut by it keeps its items closed by `;`. Re-DocRED sentences
     need more (31% of their gold calls are longer than 128 SmolLM2 tokens, 17% longer than 192)."""
@@ -208,9 +191,7 @@ _DEPENDS = {
     "pretrain": ("pretrain_config",),
     "mw": ("mw_config",),
     "mr": ("mr_config",),
-    "judge": ("judge_config", "judge_negatives"),
-    "memory": ("encoder", "write_late_stopping", "write_stop_repeats", "write_ban_repeats", "write_copied_names",
-               "write_close_bias", "write_max_new_tokens",
+    "memory": ("encoder", "write_late_stopping", "write_ban_repeats", "write_max_new_tokens",
                "write_batch", "write_refill",
                "write_grounded", "write_min_confidence", "write_confidence_grid"),
     "diagnostics": ("diagnostic_examples",),
@@ -229,8 +210,7 @@ _INPUTS = {
     "pretrain": ("tokenizer",),
     "mw": ("pretrain",),
     "mr": ("pretrain",),
-    "judge": ("pretrain",),
-    "memory": ("mw", "judge"),  # the memory-write model writes, the judge (if any) keeps; the encoder is a memory setting
+    "memory": ("mw",),  # the memory-write model writes; the encoder is a memory setting
     "diagnostics": ("mw", "mr", "memory"),
     "table2": ("mr", "memory"),
     "editing": ("mw", "mr", "memory"),  # the edits are written with the memory stage's encoder and budget
@@ -267,10 +247,10 @@ def train_overrides(cfg: PipelineConfig) -> tuple[str, ...]:
     """The training configs' overrides: `cfg.train_overrides`, then `cfg.matmul_dtype` for every section."""
     if cfg.matmul_dtype is None:
         return cfg.train_overrides
-    return cfg.train_overrides + tuple(f"{s}.model.matmul_dtype={cfg.matmul_dtype}" for s in ("pretrain", "mw", "mr", "judge"))
+    return cfg.train_overrides + tuple(f"{s}.model.matmul_dtype={cfg.matmul_dtype}" for s in ("pretrain", "mw", "mr"))
 
 
-_TRAINING_STAGES = ("tokenizer", "pretrain", "mw", "mr", "judge")
+_TRAINING_STAGES = ("tokenizer", "pretrain", "mw", "mr")
 _EVAL_SPLIT_FIELDS = ("eval_corpus", "eval_docs", "outside_docs")
 """Once `eval_corpus` names a separate file, these settings choose only the evaluation and outside documents
 (every document of `corpus` trains), so the training stages do not depend on them: evaluating the same adapters
@@ -289,10 +269,7 @@ def stage_key(cfg: PipelineConfig, name: str) -> str:
                 for s in _upstream(name)}
     if name in _TRAINING_STAGES and cfg.eval_corpus:
         settings["corpus"] = {f: v for f, v in settings["corpus"].items() if f not in _EVAL_SPLIT_FIELDS}
-    if not cfg.judge_config:  # no judge: the keys of the runs stamped before the judge existed
-        settings.pop("judge", None)
-    for stage, module_field in (("pretrain", "pretrain_config"), ("mw", "mw_config"), ("mr", "mr_config"),
-                                ("judge", "judge_config")):
+    for stage, module_field in (("pretrain", "pretrain_config"), ("mw", "mw_config"), ("mr", "mr_config")):
         if stage in settings:  # the training config's contents, not just its module name
             settings[stage]["resolved"] = _resolved_train_config(getattr(cfg, module_field), stage, train_overrides(cfg))
     return _hash(settings)

@@ -177,37 +177,6 @@ def stage_mr(self):
     return _train(self, "mr", self.cfg.mr_config, "read.jsonl", _base(self))
 
 
-def stage_judge(self):
-    """The triple judge's adapter (`judge_config`; `decode.judge`), trained on examples built here from the
-    training documents (`data_gen.judge_examples`); nothing when the config has no judge."""
-    if not self.cfg.judge_config:
-        return {"judge": None}
-    from data_gen.judge_examples import judge_records
-
-    records = judge_records(_documents(self, "train"), negatives=self.cfg.judge_negatives)
-    atomic_write_text(self.out / "data" / "train" / "judge.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-    self.say(f"  judge examples: {len(records)} ({sum(r['label'] for r in records)} positive) from the training documents")
-    return {"examples": len(records), **_train(self, "judge", self.cfg.judge_config, "judge.jsonl", _base(self))}
-
-
-def _judge(self):
-    """The triple judge (`decode.judge.TripleJudge`) when the config has one, else None."""
-    if not self.cfg.judge_config:
-        return None
-    if "triple_judge" not in self._cache:
-        from memllm_jax.decode.judge import TripleJudge
-
-        self._cache["triple_judge"] = TripleJudge(self.model("judge"), self.tokenizer())
-    return self._cache["triple_judge"]
-
-
-def _judged(self, judge, docs, scored: list) -> list:
-    """`WriteStats.scored` of `docs` with the judge's log-odds as the confidences (unchanged without a judge)."""
-    from memllm_jax.decode.judge import judge_scored
-
-    return scored if judge is None else judge_scored(judge, docs, scored)
-
-
 DEVELOPMENT = "development"
 
 
@@ -223,30 +192,25 @@ def _min_confidence(self) -> float | None:
 
 
 def _write_relations(self) -> set[str] | None:
-    """The relation labels written triples are checked against (`write_grounded`) and copied from
-    (`write_copied_names`)."""
-    return set(_labels(self).values()) if self.cfg.write_grounded or self.cfg.write_copied_names else None
+    """The relation labels written triples are checked against (`write_grounded`)."""
+    return set(_labels(self).values()) if self.cfg.write_grounded else None
 
 
-def _write_decoding(self, relations: set[str] | None):
-    """How the config's memory-write calls are decoded (`write_*` settings; `decode.writer.WriteDecoding`);
-    `relations`: `_write_relations`."""
+def _write_decoding(self):
+    """How the config's memory-write calls are decoded (`write_*` settings; `decode.writer.WriteDecoding`)."""
     from memllm_jax.decode.writer import write_decoding
 
     try:
         return write_decoding(self.tokenizer(), ban_repeats=self.cfg.write_ban_repeats,
-                              copied_names=self.cfg.write_copied_names, relations=relations,
-                              max_new_tokens=self.cfg.write_max_new_tokens, late_stopping=self.cfg.write_late_stopping,
-                              stop_repeats=self.cfg.write_stop_repeats, close_bias=self.cfg.write_close_bias)
+                              max_new_tokens=self.cfg.write_max_new_tokens, late_stopping=self.cfg.write_late_stopping)
     except ValueError as exc:
         raise InputError(f"PipelineConfig.write_{exc}") from exc  # the field's name begins the message
 
 
 def _write_budget(self, min_confidence: float | None) -> dict:
     """`write_corpus`'s settings for the config: its decoding, batching and checks."""
-    relations = _write_relations(self)  # read once for the decoding's copy spec and the grounding check
-    return dict(decoding=_write_decoding(self, relations), batch_size=self.cfg.write_batch,
-                refill=self.cfg.write_refill, grounded=self.cfg.write_grounded, relations=relations,
+    return dict(decoding=_write_decoding(self), batch_size=self.cfg.write_batch,
+                refill=self.cfg.write_refill, grounded=self.cfg.write_grounded, relations=_write_relations(self),
                 min_confidence=min_confidence)
 
 
@@ -257,24 +221,15 @@ def _edit_checks(self) -> dict:
 
     budget = _write_budget(self, _min_confidence(self))
     checks = ("grounded", "relations", "min_confidence") if self.cfg.editing_write_checks else ()
-    if self.cfg.judge_config:  # the chosen threshold is the judge's, and the edits are not judged
-        checks = tuple(c for c in checks if c != "min_confidence")
     return {"write_decoding": dataclasses.replace(budget["decoding"], max_new_tokens=EDIT_WRITE_TOKENS),
             **{k: budget[k] for k in checks}}
 
 
 def _write_docs(self, mw, memory, docs, min_confidence: float | None, on_batch=None):
-    """Write `docs` into `memory`, keeping the triples with at least `min_confidence`: the memory-write model's own
-    confidence or, with a judge, the judge's log-odds (every grounded triple is written, then judged)."""
-    from memllm_jax.decode.corpus_writer import write_corpus, write_rescored
-    from memllm_jax.memory import TripleMemory
+    """Write `docs` into `memory`, keeping the triples the memory-write model wrote with at least `min_confidence`."""
+    from memllm_jax.decode.corpus_writer import write_corpus
 
-    judge = _judge(self)
-    if judge is None:
-        return write_corpus(mw, self.tokenizer(), memory, docs, on_batch=on_batch, **_write_budget(self, min_confidence))
-    st = write_corpus(mw, self.tokenizer(), TripleMemory(self.encoder()), docs, on_batch=on_batch,
-                      **_write_budget(self, -float("inf")))
-    return write_rescored(memory, st, _judged(self, judge, docs, st.scored), min_confidence)
+    return write_corpus(mw, self.tokenizer(), memory, docs, on_batch=on_batch, **_write_budget(self, min_confidence))
 
 
 def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None, log: pathlib.Path | None = None):
@@ -282,7 +237,7 @@ def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None
     the write statistics and the agreement with the documents' gold triples (precision / recall / F1, by name,
     and by entity under "entity_level": `eval.write_quality`). `log`: a JSON-lines file of every triple written,
     its sentence, whether it is gold (by name), what the checks made of it and the confidence it was kept or dropped
-    by (the judge's log-odds with a judge; null when no confidence was checked)."""
+    by (null when no confidence was checked)."""
     from data_gen.gold_memory import entity_gold, gold_triples
     from memllm_jax.eval.write_quality import entity_agreement, triple_key, write_agreement
     from memllm_jax.memory import TripleMemory
@@ -304,7 +259,7 @@ def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None
         info["before_confidence"] = write_agreement(kept + st.unconfident, gold)
     if log is not None:
         gold_keys = {triple_key(t) for t in gold}
-        confidence = {(source, t): c for source, t, c in st.scored if c > -float("inf")}  # the judge's, with one
+        confidence = {(source, t): c for source, t, c in st.scored if c > -float("inf")}
         atomic_write_text(log, "".join(json.dumps({"source": source, "subject": t.subject, "relation": t.relation,
                                               "object": t.object, "fate": fate, "gold": triple_key(t) in gold_keys,
                                               "confidence": confidence.get((source, t))})
@@ -319,29 +274,22 @@ def _choose_min_confidence(self, mw, outside, on_batch) -> tuple[float, dict, li
     the rest])`, the scored writes to fill rows ② / ① at that threshold without decoding again."""
     from data_gen.gold_memory import gold_triples
     from memllm_jax.decode.corpus_writer import write_corpus
-    from memllm_jax.eval.write_quality import choose_min_confidence, scored_auc, threshold_label
+    from memllm_jax.eval.write_quality import choose_min_confidence, threshold_label
     from memllm_jax.memory import TripleMemory
 
     if not outside:
         raise InputError(f'PipelineConfig.write_min_confidence="{DEVELOPMENT}" needs outside documents '
                          "(outside_docs > 0) to choose the threshold on")
-    quarter, scored, judge, writer_scored = max(1, len(outside) // 4), [], _judge(self), []
+    quarter, scored = max(1, len(outside) // 4), []
     for docs in (outside[:quarter], outside[quarter:]):
         scratch = TripleMemory(self.encoder())
         st = write_corpus(mw, self.tokenizer(), scratch, docs, on_batch=on_batch,
                           **_write_budget(self, -float("inf")))
-        writer_scored += st.scored
-        scored.append(_judged(self, judge, docs, st.scored))
+        scored.append(st.scored)
     gold = [t for d in outside for t in gold_triples(d)]
     threshold, rows = choose_min_confidence([(t, c) for part in scored for _, t, c in part], gold,
                                             tuple(self.cfg.write_confidence_grid) + (None,))
     report = {"documents": len(outside), "rule": "highest F1", "candidates": rows}
-    if judge is not None:  # how well each score tells the gold triples from the others
-        report["auc"] = {"judge": scored_auc([x for part in scored for x in part], gold),
-                         "writer_confidence": scored_auc(writer_scored, gold)}
-        judge_auc, writer_auc = (f"{x:.3f}" if x is not None else "-" for x in report["auc"].values())
-        self.say(f"  development: AUC of the judge's log-odds {judge_auc}, of the writer's own confidence {writer_auc} "
-                 "(gold triples against the others)")
     for r in rows:
         self.say(f"  development, confidence >= {threshold_label(r['min_confidence'])}: precision {r['precision']:.3f} "
                  f"recall {r['recall']:.3f} f1 {r['f1']:.3f}")

@@ -23,7 +23,7 @@ per epoch against 135, the same held-out loss (1.888), Table 3 sequential REL / 
 0.399: no gain. The memory-write adapter with them (166 batches per epoch against 200) has not finished a run here
 (README, results log).
 
-Names are not copied as the calls are decoded (`write_copied_names`, `decode.copy_names`): on a 100-step
+Names are not copied as the calls are decoded (copied names, a removed probe: docs/results_log.md): on a 100-step
 memory-write adapter, every grounded triple kept, copying gave 31 more right triples (recall 0.147 -> 0.165) but
 precision 0.275 -> 0.223 and F1 0.191 -> 0.189 (2026-11-27, docs/results_log.md); on the 300-step adapter, on the
 outside (development) documents at the chosen threshold -2.0, F1 0.2525 -> 0.245 (11 more right triples, 209 more
@@ -46,7 +46,7 @@ short of fitting its own calls (on 50 of its training documents it writes 38% of
 warm-up steps gave 0.37 / 0.23 on the evaluation documents but Table 3 sequential REL 0.495 (98 of 198, one under
 the goal; Table 2 not rerun), so the learning rate stays 1e-3 (docs/results_log.md, session 42). 400 steps at 2e-3
 (session 43, the writer alone): 0.461 / 0.209, precision up, recall not. Its calls decoded longer
-(`write_close_bias`, session 44): 0.330 / 0.302 at 2, 0.287 / 0.334 at 4; off here (0).
+(close bias, a removed probe, session 44): 0.330 / 0.302 at 2, 0.287 / 0.334 at 4; off here (0).
 
 As in the default, the training data add one context-free memory-write and one context-free memory-read example
 per training document (`write_context_free`, `read_context_free`: a later sentence without the text before it).
