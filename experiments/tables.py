@@ -139,12 +139,6 @@ def diagnostics_markdown(corpus: Mapping | None, diagnostics: Mapping | None) ->
                       "|---|" + "---|" * len(rows)]
             lines += [f"| {label} | " + " | ".join(f"{r[key]:.3f}" for r in rows) + " |"
                       for key, label in (("precision", "precision"), ("recall", "recall"), ("f1", "F1"))]
-            auc = chosen.get("auc")
-            if auc:  # with a triple judge the threshold is on its log-odds
-                fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-                lines += ["", "The confidence is the triple judge's log-odds (`decode.judge`). How well each score ranks "
-                          "the development documents' gold triples above the other written ones (AUC): the judge "
-                          f"**{fmt(auc['judge'])}**, the memory-write model's own confidence {fmt(auc['writer_confidence'])}."]
             lines.append("")
         curve = diagnostics.get("mw_curve", [])
         if len(curve) > 1:

@@ -206,17 +206,6 @@ def format_write_prompt(pretext: str, sentence: str) -> str:
     return escape_text(pretext) + USER_ST + escape_text(sentence) + USER_END
 
 
-JUDGE_ANSWERS = (" yes", " no")
-"""The triple judge's answers to `format_judge_prompt`: the triple is one of the text's facts, or it is not."""
-
-
-def format_judge_prompt(context: str, triple: Triple) -> str:
-    """The triple judge's input (`decode.judge`): the text up to and including a sentence, one triple written from
-    it, and the question `JUDGE_ANSWERS` answer (texts are escaped here)."""
-    fact = f"{triple.subject} | {triple.relation} | {triple.object}"
-    return escape_text(f"{context}\nFact: {fact}\nDoes the text state this fact? Answer:")
-
-
 def format_read_call(queries: Sequence[Query]) -> str:
     """`({MEM_READ(q1;q2)-->`, the part of a read the model generates."""
     return MEM_READ + ITEM_SEP.join(format_query(q) for q in queries) + READ_END

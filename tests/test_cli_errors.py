@@ -204,21 +204,21 @@ def memory_write_bad_shard(tmp, mp):
              "--process-count", "2"], "--process-index 2: must be in 0..1 (--process-count 2)")
 
 
-def memory_write_close_bias_not_finite(tmp, mp):
+def memory_write_no_token_budget(tmp, mp):
     from memllm_jax.decode import io
 
     mp.setattr(io, "load_model", lambda model, tokenizer: (object(), object()))  # refused before the model is used
-    return (["memory", "write", "--model", "m", "--corpus", "c.jsonl", "--memory", "mem", "--close-bias", "nan"],
-            "--close-bias nan: must be a finite number")
+    return (["memory", "write", "--model", "m", "--corpus", "c.jsonl", "--memory", "mem", "--max-new-tokens", "0"],
+            "--max-new-tokens 0: must be at least 1")
 
 
-def memory_write_copy_names_unusable_tokenizer(tmp, mp):
+def memory_write_ban_repeats_unusable_tokenizer(tmp, mp):
     from memllm_jax.decode import io
     from memllm_jax.decode.scripted import CharTokenizer
 
     mp.setattr(io, "load_model", lambda model, tokenizer: (object(), CharTokenizer()))  # `>>` is two tokens here
-    return (["memory", "write", "--model", "m", "--corpus", "c.jsonl", "--memory", "mem", "--copy-names"],
-            "--copy-names True: copied names need '>>' to be one token; this tokenizer gives")
+    return (["memory", "write", "--model", "m", "--corpus", "c.jsonl", "--memory", "mem", "--ban-repeats", "2"],
+            "--ban-repeats 2: repeated-item bans need")
 
 
 def memory_merge_not_a_memory(tmp, mp):

@@ -228,55 +228,6 @@ def test_memory_stage_chooses_the_confidence_threshold_on_the_outside_documents(
     assert "  confidence threshold chosen on the 4 outside documents: -0.1" in said
 
 
-def test_memory_stage_with_a_judge_keeps_what_the_judge_passes(monkeypatch, tmp_path):
-    """`judge_config`: every grounded triple is written, then kept by the judge's log-odds, not by the writer's own
-    confidence. The writer is surer of `a>>r>>b` than of `c>>r>>d`; a judge that rejects the gold `a>>r>>b` makes
-    every threshold on the outside documents worse than keeping all, and the judge's AUC is reported beside the
-    writer's."""
-    import json
-    import types
-
-    import data_gen.gold_memory
-    from experiments import stages
-    from experiments.pipeline_config import PipelineConfig
-    from memllm_jax.memory import TripleMemory
-    from test_decode_writer import TOK, unsure_policy
-
-    class OppositeJudge:
-        def log_odds(self, contexts, triples):
-            assert all(c == "a met b, c met d." for c in contexts)
-            return [-3.0 if t.subject == "a" else 3.0 for t in triples]
-
-    monkeypatch.setattr(data_gen.gold_memory, "gold_triples", lambda doc: [protocol.Triple("a", "r", "b")])
-    monkeypatch.setattr(data_gen.gold_memory, "entity_gold", lambda doc: EntityGold([{"a"}, {"b"}], {(0, "r", 1)}))
-    monkeypatch.setattr(stages, "_labels", lambda self: {"P1": "r"})
-    docs = {"eval": [("x", ["a met b, c met d."])], "outside": [(f"o{k}", ["a met b, c met d."]) for k in range(4)]}
-    monkeypatch.setattr(stages, "_documents", lambda self, split: docs[split])
-    monkeypatch.setattr(stages, "_judge", lambda self: OppositeJudge())
-    model = PolicyModel(unsure_policy, TOK.vocab_size)
-    monkeypatch.setattr(stages, "_write_budget", lambda self, min_confidence, _orig=stages._write_budget: {
-        **_orig(self, min_confidence), "make_cache": model.make_cache})
-    pipe = types.SimpleNamespace(cfg=PipelineConfig(write_grounded=True, write_min_confidence="development",
-                                                    write_confidence_grid=(0.0,), outside_docs=4, judge_config="j",
-                                                    write_late_stopping=False, write_max_new_tokens=48, write_batch=1),
-                                 encoder=lambda: HashEncoder(16), tokenizer=lambda: TOK, model=lambda which: model,
-                                 out=tmp_path, say=lambda _m: None)
-    info = stages.stage_memory(pipe)
-    assert [(r["min_confidence"], r["f1"]) for r in info["development"]["candidates"]] == [(None, 2 / 3), (0.0, 0.0)]
-    assert info["development"]["auc"] == {"judge": 0.0, "writer_confidence": 1.0}
-    assert info["min_confidence"] is None and info["mw_eval"]["precision"] == 0.5
-    log = [json.loads(line) for line in (tmp_path / "memory" / "mw_eval_writes.jsonl").open()]
-    assert sorted((r["subject"], r["confidence"]) for r in log) == [("a", -3.0), ("c", 3.0)]
-    # at a fixed threshold the judge alone decides, for the evaluation and the outside documents alike
-    pipe.cfg = PipelineConfig(write_grounded=True, write_min_confidence=0.0, outside_docs=4, judge_config="j",
-                              write_late_stopping=False, write_max_new_tokens=48, write_batch=1)
-    info = stages.stage_memory(pipe)
-    assert info["mw_eval"]["precision"] == 0.0 and info["mw_eval"]["unconfident"] == 1
-    for name in ("mw_eval", "mw_outside_small", "mw_outside_large"):
-        records = TripleMemory.open(tmp_path / "memory" / name, HashEncoder(16)).records()
-        assert {r["subject"] for r in records} == {"c"}
-
-
 def test_memory_stage_names_a_misspelt_threshold_setting(tmp_path):
     import types
 

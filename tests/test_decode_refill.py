@@ -65,23 +65,6 @@ def test_refilled_writes_equal_fixed_batches_on_random_logits(late, refill_at):
     assert len(trace) > len(prompts) // POOL or at == POOL  # refill_at = the pool: fixed batches again
 
 
-@pytest.mark.parametrize("late", [True, False])
-def test_refilled_writes_with_a_close_bias_equal_fixed_batches(late):
-    """The bias reaches the pool's loop: the same longer calls as consecutive batches with it."""
-    rng = np.random.default_rng(11)
-    table = rng.normal(size=(96, 12, 12)).astype(np.float32)
-    table[:, :, 3] += 1.0
-    table[:, :, 2] -= 1.3
-    model = TableModel(table)
-    prompts = [[1] + rng.integers(5, 12, size=n).tolist() + [4] for n in rng.integers(0, 30, size=3 * POOL)]
-    dec, kw = WriteDecoding(40, late_stopping=late), dict(make_cache=model.make_cache)
-    biased = dataclasses.replace(dec, close_bias=1.5)
-    plain = in_batches(model, SmallTok(), prompts, dec, **kw)
-    want = in_batches(model, SmallTok(), prompts, biased, **kw)
-    assert sum(steps(want)) > sum(steps(plain))  # the bias made the calls longer
-    assert refill_writes(model, SmallTok(), prompts, biased, pool=POOL, **kw) == want
-
-
 # ------------------------------------------------------------------------------------------- item bans
 
 BTOK = CharTokenizer(extra=[">>"])

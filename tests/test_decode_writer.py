@@ -7,7 +7,7 @@ import pytest
 from memllm_jax import protocol
 from memllm_jax.decode.scripted import CharTokenizer, PolicyModel, TableModel
 from memllm_jax.decode.corpus_writer import write_corpus
-from memllm_jax.decode.writer import WriteDecoding, decode_writes, item_confidences, repeat_length
+from memllm_jax.decode.writer import WriteDecoding, decode_writes, item_confidences
 
 TOK = CharTokenizer()
 CLOSE = TOK.marker_id[protocol.CALL_END]
@@ -132,33 +132,6 @@ def test_call_cut_by_the_budget_writes_its_closed_items_only():
     assert mem.added == [([protocol.Triple("a", "r", "b")], "d1/0")]
 
 
-def test_repeat_length_finds_the_shortest_span_repeated_at_the_end():
-    six = [1, 2, 3, 4, 5, 6]
-    rows = [six * 2, six * 2, [9] + [1, 2, 3, 4, 5, 6, 7] * 2, six * 4, [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3]]
-    out = np.zeros((len(rows), 32), np.int32)
-    for b, r in enumerate(rows):
-        out[b, :len(r)] = r
-    n = np.array([12, 11, 15, 24, 12], np.int32)
-    # a 6-token span twice; one token short of it; 7 tokens after another; the shortest of 6 / 12; 3-token spans
-    assert repeat_length(out, n, 6, 64).tolist() == [6, 0, 7, 6, 6]
-    assert repeat_length(out, n, 7, 64).tolist() == [0, 0, 7, 12, 0]
-
-
-def test_a_looping_call_stops_once_it_has_repeated_itself():
-    """`a>>r>>b;c>>r>>d;` (16 tokens) over and over: with `stop_repeats` the row stops after two copies (32 tokens)
-    instead of at the budget, and writes the same triples."""
-    runs = {}
-    for stop in (False, True):
-        mem = RecordingMemory()
-        model = PolicyModel(endless_policy, TOK.vocab_size)
-        stats = write_corpus(model, TOK, mem, [("d1", ["A sentence."])],
-                             WriteDecoding(90, late_stopping=False, stop_repeats=stop), batch_size=1,
-                             make_cache=model.make_cache)
-        runs[stop] = stats.tokens, stats.repeats, {t for triples, _ in mem.added for t in triples}
-    assert runs[False][:2] == (90, 0) and runs[True][:2] == (32, 1)
-    assert runs[True][2] == runs[False][2] == {protocol.Triple("a", "r", "b"), protocol.Triple("c", "r", "d")}
-
-
 def test_marker_strings_in_documents_never_form_markers():
     from memllm_jax.decode.corpus_writer import iter_write_prompts, WriteDocument
 
@@ -236,37 +209,6 @@ def test_min_confidence_drops_the_items_the_model_hesitated_on():
         assert [t.subject for t in stats.unconfident] == [s for s in "ac" if s not in kept]
 
 
-def early_close_policy(ctx):
-    """After `({MEM_WRITE-->`: `a>>r>>b`, then `})` one logit over `;`, then `c>>r>>d` and only `})`."""
-    if TOK.marker_id[protocol.MEM_WRITE] not in ctx:
-        return [TOK.eos_id]
-    body = TOK.decode(ctx[ctx.index(TOK.marker_id[protocol.MEM_WRITE]) + 1:])
-    if body == "a>>r>>b":
-        return [CLOSE] + TOK.encode(";")
-    full = "a>>r>>b;c>>r>>d"
-    return [CLOSE] if body == full else TOK.encode(full[len(body)])
-
-
-def test_close_bias_writes_the_items_after_an_early_close_at_their_own_confidence():
-    """A bias under the closing token's lead keeps the greedy call; over it the call goes on to `c>>r>>d`, whose
-    confidence is that of the `;` the model ranked second (log-softmax of 9 against 10: -1.31), so a threshold
-    above it drops the item again; the last `})`, far ahead, still ends the call."""
-    model = PolicyModel(early_close_policy, TOK.vocab_size)
-    for bias, min_confidence, kept in ((0.0, None, "a"), (0.5, None, "a"), (2.0, None, "ac"), (2.0, -1.0, "a"),
-                                       (2.0, -1.5, "ac")):
-        mem = RecordingMemory()
-        stats = write_corpus(model, TOK, mem, [("d1", ["a met b, c met d."])],
-                             WriteDecoding(32, late_stopping=False, close_bias=bias), batch_size=1,
-                             make_cache=model.make_cache, min_confidence=min_confidence)
-        assert "".join(t.subject for t in mem.added[0][0]) == kept, (bias, min_confidence)
-        assert stats.no_cut == 0
-    out = decode_writes(model, TOK, [[TOK.bos_id] + TOK.encode("x") + [TOK.marker_id[protocol.MEM_WRITE]]],
-                        WriteDecoding(32, late_stopping=False, close_bias=2.0), make_cache=model.make_cache)[0]
-    confidence = item_confidences(TOK, out["ids"], out["logps"])
-    assert confidence[protocol.Triple("c", "r", "d")] == pytest.approx(-np.log1p(np.exp(1.0)), abs=1e-4)
-    assert confidence[protocol.Triple("a", "r", "b")] > -1e-3
-
-
 def test_scored_writes_fill_a_memory_as_a_write_at_that_threshold_would():
     """`WriteStats.scored` keeps each checked triple with its confidence; `write_scored` at a threshold adds
     exactly what `write_corpus` at that threshold adds, sentence by sentence."""
@@ -330,12 +272,11 @@ FIELD_TOK = CharTokenizer(extra=[">>"])
 
 
 def test_decoding_settings_the_loop_cannot_use_are_refused_by_name():
-    """`WriteDecoding` refuses a non-finite bias and empty budgets, `write_decoding` negative bans; each message
+    """`WriteDecoding` refuses empty budgets and patience, `write_decoding` negative bans; each message
     starts with the setting's name, which the CLI and the pipeline turn into their own option's name."""
     from memllm_jax.decode.writer import write_decoding, write_spec
 
-    for bad, start in ((dict(close_bias=float("nan")), "close_bias nan:"), (dict(close_bias=float("inf")), "close_bias inf:"),
-                       (dict(max_new_tokens=0), "max_new_tokens 0:"), (dict(patience=0), "patience 0:")):
+    for bad, start in ((dict(max_new_tokens=0), "max_new_tokens 0:"), (dict(patience=0), "patience 0:")):
         with pytest.raises(ValueError) as err:
             WriteDecoding(**bad)
         assert str(err.value).startswith(start)
@@ -343,11 +284,11 @@ def test_decoding_settings_the_loop_cannot_use_are_refused_by_name():
         write_decoding(TOK, ban_repeats=-1)
     with pytest.raises(ValueError, match="^ban_repeats 3: repeated-item bans need '>>' to be one token"):
         write_decoding(TOK, ban_repeats=3)  # this tokenizer spells `>>` in two tokens
-    decoding = write_decoding(FIELD_TOK, ban_repeats=3, max_new_tokens=20, late_stopping=False, close_bias=1.0)
-    assert decoding.bans.max_bans == 3 and decoding.copy is None
+    decoding = write_decoding(FIELD_TOK, ban_repeats=3, max_new_tokens=20, late_stopping=False)
+    assert decoding.bans.max_bans == 3
     spec = write_spec(FIELD_TOK, decoding, max_len=64)  # the loop's settings: every decoding field, and the token ids
-    assert (spec.max_new_tokens, spec.late_stopping, spec.bans, spec.close_bias, spec.max_len) == (
-        20, False, decoding.bans, 1.0, 64) and spec.close_id == FIELD_TOK.marker_id[protocol.CALL_END]
+    assert (spec.max_new_tokens, spec.late_stopping, spec.bans, spec.max_len) == (
+        20, False, decoding.bans, 64) and spec.close_id == FIELD_TOK.marker_id[protocol.CALL_END]
 
 
 def test_the_pipeline_writes_its_memory_and_its_edits_with_one_decoding(monkeypatch):
@@ -362,15 +303,13 @@ def test_the_pipeline_writes_its_memory_and_its_edits_with_one_decoding(monkeypa
     from memllm_jax.eval.editing import EDIT_WRITE_TOKENS
 
     monkeypatch.setattr(stages, "_labels", lambda self: {"P1": "r"})
-    cfg = PipelineConfig(write_grounded=True, write_late_stopping=False, write_max_new_tokens=48, write_ban_repeats=4,
-                         write_close_bias=2.0, write_stop_repeats=True)
+    cfg = PipelineConfig(write_grounded=True, write_late_stopping=False, write_max_new_tokens=48, write_ban_repeats=4)
     pipe = types.SimpleNamespace(cfg=cfg, tokenizer=lambda: FIELD_TOK)
     budget = stages._write_budget(pipe, -1.0)
-    assert budget["decoding"] == WriteDecoding(48, late_stopping=False, bans=budget["decoding"].bans, close_bias=2.0,
-                                               stop_repeats=True)
+    assert budget["decoding"] == WriteDecoding(48, late_stopping=False, bans=budget["decoding"].bans)
     assert budget["decoding"].bans.max_bans == 4 and budget["relations"] == {"r"} and budget["min_confidence"] == -1.0
     edits = stages._edit_checks(pipe)
     assert edits == {"write_decoding": dataclasses.replace(budget["decoding"], max_new_tokens=EDIT_WRITE_TOKENS)}
-    pipe.cfg = dataclasses.replace(cfg, write_close_bias=float("nan"))
-    with pytest.raises(InputError, match="^PipelineConfig.write_close_bias nan: must be a finite number"):
+    pipe.cfg = dataclasses.replace(cfg, write_max_new_tokens=0)
+    with pytest.raises(InputError, match="^PipelineConfig.write_max_new_tokens 0: must be at least 1"):
         stages._write_budget(pipe, None)

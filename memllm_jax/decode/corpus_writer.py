@@ -82,7 +82,7 @@ class WriteStats:
     tokens: int = 0
     """Tokens generated, including those after the chosen cut."""
     repeats: int = 0
-    """Sentences whose call looped and was stopped once it repeated itself (`stop_repeats`)."""
+    """Sentences whose call would have written an item again after its item bans ran out (`decoding.bans`)."""
     ungrounded: list[protocol.Triple] = dataclasses.field(default_factory=list)
     """Parsed triples dropped by the grounding check (`write_corpus(grounded=True)`), not written."""
     unconfident: list[protocol.Triple] = dataclasses.field(default_factory=list)
@@ -245,8 +245,7 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], decoding: W
     among `relations` if given); the others are counted in `WriteStats.ungrounded`, not written.
     `min_confidence`: keep only the triples whose weakest token the model chose with at least this
     log-probability (`item_confidences`); the others are counted in `WriteStats.unconfident`.
-    Calls stopped for repeating themselves (`decoding.stop_repeats`) or out of item bans (`decoding.bans`) are
-    counted in `WriteStats.repeats`.
+    Calls stopped out of item bans (`decoding.bans`) are counted in `WriteStats.repeats`.
     """
     book = _Book(memory, tokenizer, grounded, relations, min_confidence, on_batch)
     decode = dict(make_cache=make_cache, share_prefixes=share_prefixes, split=split_model(model))
@@ -302,21 +301,6 @@ def write_scored(memory, scored: Sequence[tuple[str, protocol.Triple, float]], m
         if kept:
             added += _add_untrusted(memory, kept, source)
     return added
-
-
-def write_rescored(memory, stats: WriteStats, scored: Sequence[tuple[str, protocol.Triple, float]],
-                   min_confidence: float | None) -> WriteStats:
-    """Add to `memory` the triples of a write that kept every grounded triple (`min_confidence=-inf`, `stats`) whose
-    confidence in `scored` (its `stats.scored` under other confidences, e.g. a judge's: `decode.judge.judge_scored`)
-    is at least `min_confidence`: the statistics of that write, the triples below the threshold `unconfident` (their
-    `written` fate too), `scored` its confidences and `triples` those added."""
-    floor = -float("inf") if min_confidence is None else min_confidence
-    low = {(source, t) for source, t, c in scored if c < floor}
-    written = [(source, t, "unconfident" if fate == "kept" and (source, t) in low else fate)
-               for source, t, fate in stats.written]
-    return dataclasses.replace(stats, scored=list(scored), written=written,
-                               unconfident=[t for _, t, fate in written if fate == "unconfident"],
-                               triples=write_scored(memory, scored, min_confidence))
 
 
 def _focus_text(doc: WriteDocument, source: str) -> tuple[str, str]:

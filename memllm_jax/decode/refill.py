@@ -21,10 +21,10 @@ from typing import Iterator, Sequence
 import jax
 import jax.numpy as jnp
 
-from memllm_jax.decode import copy_names, state as st
+from memllm_jax.decode import state as st
 from memllm_jax.decode.loop import _layered, cache_factory, merge, split_model, vocab_size
 from memllm_jax.decode.writer import (WriteDecoding, WriteSpec, _write_step, cache_slots, decode_writes, host_rows,
-                                      initial_state, prefill_prompts, row_results, sized_for, write_spec)
+                                      initial_state, prefill_prompts, row_results, write_spec)
 
 REFILL_FRACTION = 0.25
 """Default `refill_at` as a fraction of the pool (`default_refill_at`). Refilling at every stop costs a loop exit
@@ -84,11 +84,10 @@ def _put_rows(axis: int, rows_K: jax.Array, old, new):
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec", "axes"), donate_argnames=("pool",))
 def _graft(graphdef, params, pool: st.WriteState, cache, logits_KxV, rows_K, spec: WriteSpec,
-           axes: tuple[int, ...], sources_KxL=None) -> st.WriteState:
-    """Pool rows `rows_K[i]` take row i of the freshly prefilled `cache` / `logits_KxV` and its `initial_state`
-    (with `spec.copy`, from the new prompts' `copy_names.sources`). `pool` is donated: its buffers are updated in
-    place."""
-    fresh = initial_state(_layered(cache, merge(graphdef, params)), logits_KxV, logits_KxV.shape[0], spec, sources_KxL)
+           axes: tuple[int, ...]) -> st.WriteState:
+    """Pool rows `rows_K[i]` take row i of the freshly prefilled `cache` / `logits_KxV` and its `initial_state`.
+    `pool` is donated: its buffers are updated in place."""
+    fresh = initial_state(_layered(cache, merge(graphdef, params)), logits_KxV, logits_KxV.shape[0], spec)
     old, tree = jax.tree.flatten(pool.cache)
     cache = jax.tree.unflatten(tree, [_put_rows(a, rows_K, o, n)
                                       for a, o, n in zip(axes, old, jax.tree.leaves(fresh.cache))])
@@ -124,7 +123,6 @@ def iter_refill_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]],
     graphdef, params = split_model(model) if split is None else split
     make_cache = cache_factory(model) if make_cache is None else make_cache
     max_len = cache_slots(max(map(len, prompts)), decoding.max_new_tokens)
-    decoding = sized_for(decoding, prompts)
     spec = write_spec(tokenizer, decoding, max_len)
     axes = row_axes(graphdef, params, make_cache, pool, max_len)
     if axes is None:  # nothing to graft along: today's consecutive batches
@@ -168,9 +166,8 @@ def _fill(graphdef, params, make_cache, vocab: int, spec: WriteSpec, axes: tuple
     for K in fill_sizes(len(prompts)):
         cache, logits = prefill_prompts(graphdef, params, make_cache, spec.max_len, vocab, prompts[start:start + K],
                                         K, share_prefixes)
-        sources = None if spec.copy is None else copy_names.sources(prompts[start:start + K], spec.copy)
         s = _graft(graphdef, params, s, cache, logits, jnp.asarray(free[start:start + K], jnp.int32), spec=spec,
-                   axes=axes, sources_KxL=sources)
+                   axes=axes)
         start += K
     return s
 

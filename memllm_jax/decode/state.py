@@ -32,7 +32,7 @@ HOST_FEED = 8
 re-fed after removing a call) do not fit the forced-token queue; the host prefills them at the loop exit."""
 
 REPEAT = 9
-"""Memory writes: the row's last tokens repeat the ones right before them (the call loops on its items)."""
+"""Memory writes: the row would write an item again after its item bans ran out (`item_bans`)."""
 DONE = 10
 """The row sampled one of the caller's stop tokens outside any call (`LoopSpec.stop_ids`)."""
 
@@ -140,5 +140,3 @@ class WriteState:
     """int32 consecutive cut points that did not beat the best."""
     bans: Any = None
     """`item_bans.ItemBans` when the call may not repeat an item, else None."""
-    copy: Any = None
-    """`copy_names.CopyState` when names are copied from the prompt, else None."""

@@ -30,8 +30,6 @@ from memllm_jax.errors import InputError, read_text
 from memllm_jax.files import atomic_write_json
 
 PROGRESS = "write_progress.json"
-DECODING_FLAGS = {"copied_names": "--copy-names"}
-"""The flags of the `writer.WriteDecoding` settings not named after them."""
 _SENT_END = re.compile(r"(?<=[.!?])\s+")
 
 
@@ -111,14 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--pretext-sentences", type=int, default=10)
     parser.add_argument("--no-late-stopping", action="store_true", help="greedy decoding ending at the first })")
-    parser.add_argument("--stop-repeats", action="store_true",
-                        help="stop a call once its last tokens repeat the ones before them (a looping call)")
     parser.add_argument("--ban-repeats", type=int, default=0, metavar="N",
                         help="never write an item twice in a call: take the next choice instead, at most N times")
-    parser.add_argument("--copy-names", action="store_true",
-                        help="copy names from the text and relations from --labels as the call is decoded")
-    parser.add_argument("--close-bias", type=float, default=0.0, metavar="B",
-                        help="choose the closing }) as if its logit were B lower: longer calls (0: off)")
     parser.add_argument("--save-every", type=int, default=20, help="save memory and progress every N batches")
     parser.add_argument("--restart", action="store_true", help="ignore earlier progress")
     parser.add_argument("--process-index", type=int, default=0, metavar="I",
@@ -219,12 +211,11 @@ def main(args: argparse.Namespace) -> int:
         relations = set(load_relation_labels(args.labels).values())
     model, tok = load_model(args.model, args.tokenizer)
     try:  # before the memory directory is opened: a refused option leaves nothing behind
-        decoding = write_decoding(tok, ban_repeats=args.ban_repeats, copied_names=args.copy_names, relations=relations,
-                                  max_new_tokens=args.max_new_tokens, late_stopping=not args.no_late_stopping,
-                                  stop_repeats=args.stop_repeats, close_bias=args.close_bias)
+        decoding = write_decoding(tok, ban_repeats=args.ban_repeats, max_new_tokens=args.max_new_tokens,
+                                  late_stopping=not args.no_late_stopping)
     except ValueError as exc:
         field, _, problem = str(exc).partition(" ")  # the setting's name, then its value and the problem
-        raise SystemExit(f"{DECODING_FLAGS.get(field, '--' + field.replace('_', '-'))} {problem}") from exc
+        raise SystemExit(f"--{field.replace('_', '-')} {problem}") from exc
     memory = open_memory(args.memory, args.encoder)
     try:
         stats = run_write(model, tok, memory, args.memory, args.corpus, decoding, batch_size=args.batch_size,

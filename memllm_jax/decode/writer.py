@@ -8,41 +8,28 @@ second-best token is taken instead. Decoding stops once K consecutive cut points
 score (or at EOS, the token budget, a full cache); the call is cut at the best point. A row that never
 reaches a cut point writes nothing.
 
-Repeats (`stop_repeats`, optional): an undertrained model often loops, writing the same items again until the
-token budget ends the call. A row whose last L tokens (REPEAT_TOKENS[0] <= L <= REPEAT_TOKENS[1]) equal the L
-tokens before them stops there. Its body keeps both copies: the span need not start at an item boundary, and
-the parser drops an unfinished last item while the memory keeps a triple once, so the items written are those of
-the same call run to the budget, unless the model would have left the loop later. A batch no longer runs to the
-budget for one looping row.
-
-Longer calls (`close_bias`, optional): a writer that states fewer facts than a sentence holds closes its call
-early. With a bias b the closing token is taken only where its logit leads the runner-up by more than b; elsewhere
-the call goes on with the runner-up, an item opened with that token's own (low) log-probability, so the confidence
-check (`item_confidences`) can drop it again.
+Item bans (`item_bans`, optional): a call never writes an item twice; a row that would rewinds to the item's
+start and takes its next choice there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-from typing import Collection, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from memllm_jax import protocol
-from memllm_jax.decode import copy_names, item_bans, state as st
+from memllm_jax.decode import item_bans, state as st
 from memllm_jax.decode.loop import _layered, _stacked, cache_factory, merge, prefill, split_model, vocab_size
 from memllm_jax.decode.prefix import prefill_shared
 from memllm_jax.decode.sampling import argmax
 
 PATIENCE = 5
 """K in Appendix A."""
-REPEAT_TOKENS = (6, 64)
-"""The shortest and longest repeated span that stops a row (`WriteSpec.stop_repeats`): six tokens are fewer than
-any item `s>>r>>o;` of a real relation label, so a shorter repeat is a name's own ("Walla Walla"), not a loop."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,25 +43,16 @@ class WriteDecoding:
     """False: plain greedy decoding that ends at the first `})`."""
     patience: int = PATIENCE
     """K of late stopping (module docstring)."""
-    stop_repeats: bool = False
-    """Stop a row whose last tokens repeat the ones before them (module docstring)."""
     bans: item_bans.BanSpec | None = None
     """Never write an item twice in one call (`item_bans`)."""
-    copy: copy_names.CopySpec | None = None
-    """Names copied from the prompt, relations from the known labels (`copy_names`)."""
-    close_bias: float = 0.0
-    """Subtracted from the closing token's logit when choosing the next token (module docstring, "Longer calls");
-    the log-probabilities recorded (cut scores, `item_confidences`) are the model's own."""
 
     def __post_init__(self):
         """Refuses values the loop cannot use; the message starts with the field's name (callers name their own
-        option after it: `--close-bias`, `PipelineConfig.write_close_bias`)."""
+        option after it: `--max-new-tokens`, `PipelineConfig.write_max_new_tokens`)."""
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens {self.max_new_tokens}: must be at least 1")
         if self.patience < 1:
             raise ValueError(f"patience {self.patience}: must be at least 1")
-        if not math.isfinite(self.close_bias):
-            raise ValueError(f"close_bias {self.close_bias}: must be a finite number")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -85,36 +63,17 @@ class WriteSpec(WriteDecoding):
     max_len: int
 
 
-def write_decoding(tokenizer, *, ban_repeats: int = 0, copied_names: bool = False,
-                   relations: Collection[str] | None = None, **options) -> WriteDecoding:
+def write_decoding(tokenizer, *, ban_repeats: int = 0, **options) -> WriteDecoding:
     """A `WriteDecoding` from the settings a user gives (`memllm memory write`, `PipelineConfig.write_*`):
-    `ban_repeats` > 0 bans a repeated item at most that many times per call (`item_bans`); `copied_names` copies
-    names from the prompt and relations from `relations` (None: any) as the call is decoded (`copy_names`);
-    `options`: the other fields. A refused setting is a ValueError whose message starts with the setting's name."""
+    `ban_repeats` > 0 bans a repeated item at most that many times per call (`item_bans`); `options`: the other
+    fields. A refused setting is a ValueError whose message starts with the setting's name."""
     if ban_repeats < 0:
         raise ValueError(f"ban_repeats {ban_repeats}: must be 0 (off) or more")
     try:
         bans = item_bans.ban_spec(tokenizer, ban_repeats) if ban_repeats > 0 else None
     except ValueError as exc:  # a tokenizer whose separators are not single tokens
         raise ValueError(f"ban_repeats {ban_repeats}: {exc}") from exc
-    try:
-        copy = copy_names.copy_spec(tokenizer, relations) if copied_names else None
-    except ValueError as exc:
-        raise ValueError(f"copied_names {copied_names}: {exc}") from exc
-    return WriteDecoding(bans=bans, copy=copy, **options)
-
-
-def repeat_length(out_BxT: jax.Array, n_B: jax.Array, shortest: int, longest: int) -> jax.Array:
-    """Per row, the smallest L in [shortest, longest] such that the last L of its `n_B` tokens equal the L tokens
-    before them; 0 when there is none. int32 [B]."""
-    B, T = out_BxT.shape
-    L_R = jnp.arange(shortest, longest + 1)
-    j_J = jnp.arange(longest)
-    last_BxRxJ = n_B[:, None, None] - L_R[None, :, None] + j_J[None, None, :]  # the last L tokens, position j
-    take = lambda at: jnp.take_along_axis(out_BxT, jnp.clip(at, 0, T - 1).reshape(B, -1), 1).reshape(at.shape)  # noqa: E731
-    equal_BxRxJ = (take(last_BxRxJ) == take(last_BxRxJ - L_R[None, :, None])) | (j_J[None, None, :] >= L_R[None, :, None])
-    repeats_BxR = jnp.all(equal_BxRxJ, axis=-1) & (2 * L_R[None, :] <= n_B[:, None])
-    return jnp.min(jnp.where(repeats_BxR, L_R[None, :], longest + 1), axis=-1) % (longest + 1)
+    return WriteDecoding(bans=bans, **options)
 
 
 def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
@@ -125,16 +84,10 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
         prefix_hash_B = item_bans.span_hash(s.out_BxT, s.bans.item_start_B, s.n_out_B)
         logits_BxV = item_bans.mask_banned(logits_BxV, s.bans, prefix_hash_B)
     logp_BxV = jax.nn.log_softmax(logits_BxV, axis=-1)
-    choice_BxV = logits_BxV
-    if spec.close_bias:
-        choice_BxV = logits_BxV.at[:, spec.close_id].add(-spec.close_bias)
     # Top-2 by two argmaxes: lax.top_k lowers to a full sort of every row on CPU (~1 ms per step at B=16).
-    first_B = argmax(choice_BxV)
-    hit_BxV = jnp.arange(choice_BxV.shape[1])[None, :] == first_B[:, None]
-    second_B = argmax(jnp.where(hit_BxV, -jnp.inf, choice_BxV))
-    if spec.copy is not None:
-        cand = copy_names.candidates(choice_BxV, s.copy, spec.copy)
-        first_B, second_B = copy_names.choose(cand, first_B, second_B)
+    first_B = argmax(logits_BxV)
+    hit_BxV = jnp.arange(logits_BxV.shape[1])[None, :] == first_B[:, None]
+    second_B = argmax(jnp.where(hit_BxV, -jnp.inf, logits_BxV))
     is_cut_B = running_B & (first_B == spec.close_id)
     cut_score_B = (s.sum_logp_B + logp_BxV[:, spec.close_id]) / (s.n_out_B + 1).astype(jnp.float32)
     improve_B = is_cut_B & (cut_score_B > s.best_score_B)
@@ -145,7 +98,6 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
     tok_B = jnp.where(feed_B, tok_B, 0)
     keep_B, n_B, cache, bans = feed_B, s.n_out_B + feed_B.astype(jnp.int32), s.cache, s.bans
     model_tok_B, model_feed_B, repeat_B, dropped_B = tok_B, feed_B, jnp.zeros(B, bool), 0.0
-    rewind_B = jnp.zeros(B, bool)
     if spec.bans is not None:
         ban = item_bans.on_token(s.bans, spec.bans, s.out_BxT, s.n_out_B, prefix_hash_B, tok_B, feed_B)
         keep_B = feed_B & ~ban.rewind_B & ~ban.stop_B
@@ -153,7 +105,7 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
         model_tok_B = jnp.where(ban.rewind_B, ban.feed_tok_B, tok_B)
         model_feed_B = feed_B & ~ban.stop_B
         cache = cache.replace(lengths_B=jnp.where(ban.rewind_B, ban.feed_len_B, cache.lengths_B))
-        bans, repeat_B, rewind_B = ban.bans, ban.stop_B, ban.rewind_B
+        bans, repeat_B = ban.bans, ban.stop_B
         taken_back_BxT = (jnp.arange(T)[None, :] >= n_B[:, None]) & (jnp.arange(T)[None, :] < s.n_out_B[:, None])
         dropped_B = jnp.sum(jnp.where(taken_back_BxT, s.logp_BxT, 0.0), axis=1)  # log-probs of rewound tokens
     logits_Bx1xV, cache = model(model_tok_B[:, None], cache.lengths_B[:, None], model_feed_B[:, None], cache=cache)
@@ -163,17 +115,11 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
     status_B = jnp.where(stop_B, st.STOPPED, s.status_B)
     status_B = jnp.where(keep_B & (n_B >= spec.max_new_tokens), st.BUDGET, status_B)
     status_B = jnp.where(model_feed_B & (cache.lengths_B >= spec.max_len), st.FULL, status_B)
-    if spec.stop_repeats:
-        repeat_B |= keep_B & (repeat_length(out_BxT, n_B, *REPEAT_TOKENS) > 0)
     status_B = jnp.where(repeat_B, st.REPEAT, status_B)
     status_B = jnp.where(keep_B & (tok_B == spec.eos_id), st.EOS, status_B)
     best_score_B = jnp.where(improve_B, cut_score_B, s.best_score_B)
     best_cut_B = jnp.where(improve_B, s.n_out_B, s.best_cut_B)
     lost_B = best_cut_B > n_B  # a cut point inside the tokens a rewind took back
-    copy = s.copy
-    if spec.copy is not None:
-        copy = copy_names.advance(s.copy, cand, spec.copy, tok_B, keep_B, rewind_B,
-                                  _field_at(out_BxT, s.bans.item_start_B, n_B, spec) if spec.bans is not None else 0)
     return s.replace(
         cache=cache,
         logits_BxV=jnp.where(model_feed_B[:, None], logits_Bx1xV[:, 0], s.logits_BxV),
@@ -187,16 +133,7 @@ def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
         n_cuts_B=s.n_cuts_B + is_cut_B.astype(jnp.int32),
         no_improve_B=no_improve_B,
         bans=bans,
-        copy=copy,
     )
-
-
-def _field_at(out_BxT: jax.Array, item_start_B: jax.Array, n_B: jax.Array, spec: WriteSpec) -> jax.Array:
-    """The field a row is in after a rewind to body length `n_B`: the field separators since its item start."""
-    j_T = jnp.arange(out_BxT.shape[1])[None, :]
-    inside_BxT = (j_T >= item_start_B[:, None]) & (j_T < n_B[:, None])
-    n_seps_B = jnp.sum(inside_BxT & (out_BxT == spec.copy.field_sep_id), axis=1)
-    return jnp.minimum(n_seps_B, copy_names.UNCONSTRAINED).astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
@@ -207,30 +144,24 @@ def write_loop(graphdef, params, s: st.WriteState, spec: WriteSpec) -> st.WriteS
     return s.replace(cache=_stacked(s.cache))
 
 
-def initial_state(cache, logits_BxV: jax.Array, n_active, spec: WriteSpec, sources_BxL=None) -> st.WriteState:
+def initial_state(cache, logits_BxV: jax.Array, n_active, spec: WriteSpec) -> st.WriteState:
     """The `WriteState` of freshly prefilled rows: rows from `n_active` on are batch padding (IDLE). Every per-row
-    field starts here, so a row refilled with this state (`refill`) keeps nothing of the call it replaces.
-    `sources_BxL`: with `spec.copy`, each row's `copy_names.sources` (None: the labels only, as for free rows)."""
+    field starts here, so a row refilled with this state (`refill`) keeps nothing of the call it replaces."""
     B = logits_BxV.shape[0]
-    copy = None
-    if spec.copy is not None:
-        if sources_BxL is None:
-            sources_BxL = copy_names.sources([], spec.copy, rows=B)
-        copy = copy_names.init_copy(jnp.asarray(sources_BxL), spec.copy)
     return st.WriteState(
         cache=cache, logits_BxV=logits_BxV, out_BxT=jnp.zeros((B, spec.max_new_tokens), jnp.int32),
         logp_BxT=jnp.zeros((B, spec.max_new_tokens)),
         n_out_B=jnp.zeros(B, jnp.int32), status_B=jnp.where(jnp.arange(B) < n_active, st.RUNNING, st.IDLE),
         sum_logp_B=jnp.zeros(B), best_score_B=jnp.full(B, -jnp.inf), best_cut_B=jnp.full(B, -1, jnp.int32),
         n_cuts_B=jnp.zeros(B, jnp.int32), no_improve_B=jnp.zeros(B, jnp.int32),
-        bans=None if spec.bans is None else item_bans.init_bans(cache.lengths_B, spec.bans.max_bans), copy=copy)
+        bans=None if spec.bans is None else item_bans.init_bans(cache.lengths_B, spec.bans.max_bans))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
-def _start_and_loop(graphdef, params, cache, logits_BxV, n_active, spec: WriteSpec, sources_BxL=None) -> st.WriteState:
+def _start_and_loop(graphdef, params, cache, logits_BxV, n_active, spec: WriteSpec) -> st.WriteState:
     """`initial_state` and `write_loop` in one dispatch (building the state on the host costs a transfer per
     field)."""
-    return write_loop(graphdef, params, initial_state(cache, logits_BxV, n_active, spec, sources_BxL), spec)
+    return write_loop(graphdef, params, initial_state(cache, logits_BxV, n_active, spec), spec)
 
 
 def cache_slots(longest_prompt: int, max_new_tokens: int) -> int:
@@ -240,17 +171,9 @@ def cache_slots(longest_prompt: int, max_new_tokens: int) -> int:
 
 
 def write_spec(tokenizer, decoding: WriteDecoding, max_len: int) -> WriteSpec:
-    """The loop's settings for `decoding` with a cache of `max_len` slots; `decoding.copy` must already be sized for
-    the prompts to come (`copy_names.with_room_for`)."""
+    """The loop's settings for `decoding` with a cache of `max_len` slots."""
     return WriteSpec(**{f.name: getattr(decoding, f.name) for f in dataclasses.fields(WriteDecoding)},
                      close_id=tokenizer.marker_id[protocol.CALL_END], eos_id=tokenizer.eos_id, max_len=max_len)
-
-
-def sized_for(decoding: WriteDecoding, prompts: Sequence[Sequence[int]]) -> WriteDecoding:
-    """`decoding` with its copy spec (if any) given room for `prompts` (`copy_names.with_room_for`)."""
-    if decoding.copy is None:
-        return decoding
-    return dataclasses.replace(decoding, copy=copy_names.with_room_for(decoding.copy, prompts))
 
 
 def prefill_prompts(graphdef, params, make_cache, max_len: int, vocab: int, rows: Sequence[Sequence[int]],
@@ -288,7 +211,7 @@ def row_results(tokenizer, spec: WriteSpec, fields: tuple[np.ndarray, ...], rows
 def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], decoding: WriteDecoding = WriteDecoding(), *,
                   make_cache=None, pad_to: int | None = None, share_prefixes: bool = True, split=None) -> list[dict]:
     """Decode the write call after each prompt (which ends with `({MEM_WRITE-->`) as `decoding` says (late
-    stopping, repeats, bans, copied names, longer calls: `WriteDecoding`). Returns per prompt the body tokens up to
+    stopping, item bans: `WriteDecoding`). Returns per prompt the body tokens up to
     the chosen cut (`ids`), their log-probabilities, the call text, the cut points and the stop reason.
 
     `share_prefixes`: prompts sharing a token prefix (one document's pretext) prefill it once
@@ -303,9 +226,8 @@ def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], decodin
     make_cache = cache_factory(model) if make_cache is None else make_cache
     cache, logits = prefill_prompts(graphdef, params, make_cache, max_len, vocab_size(model, tokenizer), rows, B,
                                     share_prefixes)
-    spec = write_spec(tokenizer, sized_for(decoding, rows), max_len)
-    sources = None if spec.copy is None else copy_names.sources(prompt_ids, spec.copy, rows=len(rows))
-    s = _start_and_loop(graphdef, params, cache, logits, jnp.int32(B), spec, sources)
+    spec = write_spec(tokenizer, decoding, max_len)
+    s = _start_and_loop(graphdef, params, cache, logits, jnp.int32(B), spec)
     return row_results(tokenizer, spec, host_rows(s), range(B))
 
 

@@ -134,19 +134,3 @@ def choose_min_confidence(scored: Iterable[tuple[protocol.Triple, float]], gold:
         raise ValueError("choose_min_confidence needs at least one candidate threshold")
     best = max(rows, key=lambda r: (r["f1"], floor(r["min_confidence"])))
     return best["min_confidence"], rows
-
-
-def scored_auc(scored: Iterable[tuple[str, protocol.Triple, float]], gold: Iterable[protocol.Triple]) -> float | None:
-    """How well the confidences of `WriteStats.scored` rank the gold triples above the others: the area under the
-    ROC curve over the unique triples, each at its highest confidence (ties count one half); None without both."""
-    best: dict[tuple[str, str, str], float] = {}
-    for _, t, c in scored:
-        key = triple_key(t)
-        best[key] = max(c, best.get(key, -float("inf")))
-    gold_keys = {triple_key(t) for t in gold}
-    right = [c for k, c in best.items() if k in gold_keys]
-    wrong = [c for k, c in best.items() if k not in gold_keys]
-    if not right or not wrong:
-        return None
-    wins = sum((r > w) + 0.5 * (r == w) for r in right for w in wrong)
-    return wins / (len(right) * len(wrong))
