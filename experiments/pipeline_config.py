@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from typing import Any, Callable, ClassVar
 
 from data_gen.recipes import ReadRecipe, WriteRecipe
@@ -317,9 +318,16 @@ def resolve_host_settings(cfg: PipelineConfig, say: Callable[[str], None] = prin
 
 
 def check_config(cfg: PipelineConfig) -> None:
-    """Every setting of the tree checked (type, range, choices, rules across fields): an `InputError` naming the
-    first bad one, before anything runs."""
+    """Every setting of the tree checked (type, range, choices, rules across fields), and every file a setting
+    names: an `InputError` naming the first bad one, before anything runs."""
     check_tree(cfg)
+    files = {f"data.{k}": v for k, v in cfg.data.input_files().items()}
+    if cfg.editing.records not in ("", "synthetic"):
+        files["editing.records"] = cfg.editing.records
+    for setting, path in files.items():
+        if not os.path.isfile(path):
+            kind = "a directory, not a file" if os.path.isdir(path) else "not found"
+            raise InputError(f"{path}: {kind} (setting {setting})")
 
 
 def _settings(value: Any) -> Any:

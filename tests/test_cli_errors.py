@@ -135,7 +135,8 @@ def train_unknown_config_name(tmp, mp):
 
 
 def train_bad_override(tmp, mp):
-    return ["train", "--config", "mw_tiny", "--set", "nofield=1"], "override 'nofield': TrainConfig has no field"
+    return (["train", "--config", "default", "--part", "mw", "--set", "nofield=1"],
+            "setting nofield: TrainConfig has no field 'nofield'")
 
 
 def train_data_not_utf8(tmp, mp):
@@ -247,24 +248,29 @@ def eval_missing_config(tmp, mp):
 
 def eval_zsre_truncated(tmp, mp):
     zsre = _write_bytes(tmp, "zsre.json", b'[{"src": "Who is', )
-    return (["eval", "editing", "--out", str(tmp / "run"), "--set", f"editing={zsre}"],
+    return (["eval", "editing", "--out", str(tmp / "run"), "--set", f"editing.records={zsre}"],
             "zsre.json: invalid JSON: Unterminated string starting at: line 1 column 10 (char 9); the file ends")
 
 
 def eval_zsre_missing_field(tmp, mp):
     zsre = _write_bytes(tmp, "zsre.json", json.dumps([{"src": "Q?", "rephrase": "Q2?", "alt": "A"}]).encode())
-    return (["eval", "editing", "--out", str(tmp / "run"), "--set", f"editing={zsre}"],
+    return (["eval", "editing", "--out", str(tmp / "run"), "--set", f"editing.records={zsre}"],
             "zsre.json: record 0: field 'loc' missing")
 
 
 def run_corpus_truncated(tmp, mp):
-    return (["run", "--out", str(tmp / "run"), "--set", f"corpus={_truncated(tmp)}", "--stage", "corpus"],
+    return (["run", "--out", str(tmp / "run"), "--set", f"data.corpus={_truncated(tmp)}", "--stage", "corpus"],
             "c.json: invalid JSON: ")
 
 
 def run_corpus_missing(tmp, mp):
-    return (["run", "--out", str(tmp / "run"), "--set", f"corpus={tmp / 'nope.json'}", "--stage", "corpus"],
-            "nope.json: corpus file not found")
+    return (["run", "--out", str(tmp / "run"), "--set", f"data.corpus={tmp / 'nope.json'}", "--stage", "corpus"],
+            "nope.json: not found (setting data.corpus)")
+
+
+def run_bad_setting(tmp, mp):
+    return (["run", "--out", str(tmp / "run"), "--set", "data.synth_docs=abc"],
+            "setting data.synth_docs='abc': expected an integer")
 
 
 def run_missing_config(tmp, mp):

@@ -7,32 +7,56 @@ import json
 import pytest
 
 from experiments import run
+from experiments.configs import default_tiny
 from experiments.pipeline import Pipeline
-from experiments.pipeline_config import STAGES, PipelineConfig, _resolved_train_config, stage_key, train_overrides
+from experiments.pipeline_config import STAGES, PipelineConfig, stage_key
 from experiments.tables import plot_scaling, scaling_markdown, table2_markdown, table3_markdown
+from memllm_jax.settings import replace
+
+STAGE_NAMES = list(STAGES)
+
+
+def tiny(changes: dict | None = None) -> PipelineConfig:
+    """The tiny pipeline (`default_tiny`) with `{"a.b": value}` changes."""
+    return replace(default_tiny.get_config(), changes or {})
+
+
+def changed_stages(a: PipelineConfig, b: PipelineConfig) -> list[str]:
+    return [s for s in STAGES if stage_key(a, s) != stage_key(b, s)]
 
 
 def test_stage_keys_cover_earlier_settings():
     a = PipelineConfig()
-    assert stage_key(a, "table2") != stage_key(PipelineConfig(rows=("row7",)), "table2")
-    assert stage_key(a, "pretrain") == stage_key(PipelineConfig(rows=("row7",)), "pretrain")  # rows do not retrain
-    assert stage_key(a, "table2") != stage_key(PipelineConfig(synth_docs=10), "table2")  # new corpus redoes everything
-    longer = PipelineConfig(editing_max_new_tokens=96)  # the answer budget reruns the editing stage only
-    assert stage_key(a, "editing") != stage_key(longer, "editing")
-    assert stage_key(a, "table2") == stage_key(longer, "table2")
-    repeats = PipelineConfig(write_ban_repeats=4)  # how the memory is written: the memory and the edits
-    assert stage_key(a, "memory") != stage_key(repeats, "memory") and stage_key(a, "editing") != stage_key(repeats, "editing")
-    assert stage_key(a, "mr") == stage_key(repeats, "mr")
-    evidence = PipelineConfig(write_evidence=True)  # other write targets: a new corpus stage, so a new adapter
-    assert stage_key(a, "corpus") != stage_key(evidence, "corpus") and stage_key(a, "mw") != stage_key(evidence, "mw")
-    plus = PipelineConfig(train_overrides=("mw.lora_b_lr_ratio=16",))  # LoRA+ retrains the memory-write adapter only
-    assert stage_key(a, "mw") != stage_key(plus, "mw") and stage_key(a, "mr") == stage_key(plus, "mr")
-    # a setting added since runs were stamped, at the value that trains as before: finished stages stay valid
-    assert "lora_b_lr_ratio" not in _resolved_train_config(a.mw_config, "mw", train_overrides(a))
+    assert changed_stages(a, replace(a, {"table2.rows": ("row7",)})) == ["table2", "report"]  # rows do not retrain
+    assert changed_stages(a, replace(a, {"data.synth_docs": 1000})) == STAGE_NAMES  # a new corpus redoes everything
+    longer = replace(a, {"editing.max_new_tokens": 96})  # the answer budget reruns the editing stage only
+    assert changed_stages(a, longer) == ["editing", "report"]
+    repeats = replace(a, {"write.ban_repeats": 4})  # how the memory is written: the memory and every reader of it
+    assert changed_stages(a, repeats) == ["memory", "diagnostics", "table2", "editing", "scaling", "report"]
+    evidence = replace(a, {"data.write.evidence": True})  # other write targets: a new corpus stage, so new adapters
+    assert changed_stages(a, evidence) == STAGE_NAMES
+    plus = replace(a, {"mw.lora_b_lr_ratio": 16.0})  # LoRA+ retrains the memory-write adapter only
+    assert "mw" in changed_stages(a, plus) and "mr" not in changed_stages(a, plus)
+    batch = replace(a, {"scaling.batch": 4})  # each evaluation has its own batch
+    assert changed_stages(a, batch) == ["scaling", "report"]
+
+
+def test_a_rerun_stage_says_which_settings_changed(tmp_path):
+    log = []
+    cfg = tiny({"data.synth_docs": 40, "data.eval_docs": 5, "tokenizer.vocab_size": 400})
+    Pipeline(cfg, tmp_path, log.append).run(("corpus",))
+    log.clear()
+    Pipeline(replace(cfg, {"data.write.context_free": 1}), tmp_path, log.append).run(("corpus",))
+    assert log[0] == "[corpus] settings changed since its last run: data.write.context_free: 0 -> 1"
+    stamp = tmp_path / "stages" / "corpus.json"  # a stamp written before stamps held their settings
+    stamp.write_text(json.dumps({"key": "0123"}))
+    log.clear()
+    Pipeline(cfg, tmp_path, log.append).run(("corpus",))
+    assert log[0] == "[corpus] stamped by an older version of the pipeline: running again"
 
 
 def test_corpus_and_tokenizer_stages_run_and_resume(tmp_path):
-    cfg = PipelineConfig(synth_docs=40, eval_docs=5, vocab_size=400)
+    cfg = tiny({"data.synth_docs": 40, "data.eval_docs": 5, "tokenizer.vocab_size": 400})
     log = []
     pipe = Pipeline(cfg, tmp_path, log.append)
     pipe.run(("corpus", "tokenizer"))
@@ -45,17 +69,19 @@ def test_corpus_and_tokenizer_stages_run_and_resume(tmp_path):
     Pipeline(cfg, tmp_path, log.append).run(("corpus", "tokenizer"))
     assert log == ["[corpus] up to date, skipped", "[tokenizer] up to date, skipped"]
     log.clear()
-    Pipeline(PipelineConfig(synth_docs=40, eval_docs=5, vocab_size=420), tmp_path, log.append).run(("corpus", "tokenizer"))
-    assert log[0] == "[corpus] up to date, skipped" and log[1] == "[tokenizer] running"
+    Pipeline(replace(cfg, {"tokenizer.vocab_size": 420}), tmp_path, log.append).run(("corpus", "tokenizer"))
+    assert log[0] == "[corpus] up to date, skipped" and log[2] == "[tokenizer] running"
+    assert log[1] == "[tokenizer] settings changed since its last run: tokenizer.vocab_size: 400 -> 420"
 
 
 def test_corpus_stage_adds_context_free_write_examples(tmp_path):
-    """`write_context_free=1`: about one more write example per training document, each a later sentence
+    """`data.write.context_free=1`: about one more write example per training document, each a later sentence
     without its pretext; the evaluation examples stay as they are."""
     runs = {}
     for n in (0, 1):
         out = tmp_path / str(n)
-        Pipeline(PipelineConfig(synth_docs=40, eval_docs=5, write_context_free=n), out, lambda _m: None).run(("corpus",))
+        Pipeline(tiny({"data.synth_docs": 40, "data.eval_docs": 5, "data.write.context_free": n}), out,
+                 lambda _m: None).run(("corpus",))
         runs[n] = [json.loads(line) for line in (out / "data" / "train" / "write.jsonl").read_text().splitlines()]
         assert not any(r.get("context_free") for r in map(json.loads, (out / "data" / "eval" / "write.jsonl").open()))
     extra = [r for r in runs[1] if r.get("context_free")]
@@ -65,35 +91,33 @@ def test_corpus_stage_adds_context_free_write_examples(tmp_path):
 
 
 def test_train_docs_keeps_the_first_training_documents(tmp_path):
-    """`train_docs=N` trains on the first N training documents (evaluation and outside documents unchanged); at 0
-    the stage keys are those computed without it (`test_an_added_setting_at_its_default_leaves_older_keys_alone`)."""
+    """`data.train_docs=N` trains on the first N training documents (evaluation and outside documents unchanged)."""
     from memllm_jax.errors import InputError
 
     out = tmp_path / "ten"
-    Pipeline(PipelineConfig(synth_docs=40, eval_docs=5, outside_docs=5, train_docs=10), out, lambda _m: None).run(("corpus",))
+    small = {"data.synth_docs": 40, "data.eval_docs": 5, "data.outside_docs": 5}
+    Pipeline(tiny({**small, "data.train_docs": 10}), out, lambda _m: None).run(("corpus",))
     full = tmp_path / "all"
-    Pipeline(PipelineConfig(synth_docs=40, eval_docs=5, outside_docs=5), full, lambda _m: None).run(("corpus",))
+    Pipeline(tiny(small), full, lambda _m: None).run(("corpus",))
     load = lambda d, split: json.loads((d / "data" / f"{split}.json").read_text())
     assert load(out, "train") == load(full, "train")[:10] and len(load(full, "train")) == 30
     assert load(out, "eval") == load(full, "eval") and load(out, "outside") == load(full, "outside")
     written = {json.loads(line)["doc"] for line in (out / "data" / "train" / "write.jsonl").open()}
     assert len(written) == 10
     with pytest.raises(InputError, match=r"train_docs=31: the corpus leaves 30 training documents"):
-        Pipeline(PipelineConfig(synth_docs=40, eval_docs=5, outside_docs=5, train_docs=31), tmp_path / "x",
-                 lambda _m: None).run(("corpus",))
-    base, fewer = PipelineConfig(), PipelineConfig(train_docs=10)
-    assert [s for s in STAGES if stage_key(base, s) != stage_key(fewer, s)] == list(STAGES)  # other training text
+        Pipeline(tiny({**small, "data.train_docs": 31}), tmp_path / "x", lambda _m: None).run(("corpus",))
+    base = PipelineConfig()
+    assert changed_stages(base, replace(base, {"data.train_docs": 10})) == STAGE_NAMES  # other training text
 
 
 def test_write_counterfactual_adds_renamed_write_examples_only(tmp_path):
-    """`write_counterfactual=N` adds N renamed copies of the training documents' memory-write examples; the read
-    examples and the held-out documents are those of the run without it (at 0 the stage keys are those computed
-    without it: `test_an_added_setting_at_its_default_leaves_older_keys_alone`)."""
+    """`data.write.counterfactual=N` adds N renamed copies of the training documents' memory-write examples; the
+    read examples and the held-out documents are those of the run without it."""
     runs = {}
     for n in (0, 1):
         out = tmp_path / f"cf{n}"
-        Pipeline(PipelineConfig(synth_docs=40, eval_docs=5, outside_docs=5, write_counterfactual=n), out,
-                 lambda _m: None).run(("corpus",))
+        Pipeline(tiny({"data.synth_docs": 40, "data.eval_docs": 5, "data.outside_docs": 5,
+                       "data.write.counterfactual": n}), out, lambda _m: None).run(("corpus",))
         runs[n] = out
     text = lambda n, name: (runs[n] / "data" / name).read_text()  # noqa: E731
     for name in ("train/read.jsonl", "eval/write.jsonl", "eval/read.jsonl", "eval.json", "outside.json"):
@@ -103,20 +127,7 @@ def test_write_counterfactual_adds_renamed_write_examples_only(tmp_path):
     assert [w for w in writes if "variant" not in w] == plain
     assert len([w for w in writes if w.get("variant") == 0]) == len(plain)
     base = PipelineConfig()
-    assert [s for s in STAGES if stage_key(base, s) != stage_key(PipelineConfig(write_counterfactual=1), s)] == list(STAGES)
-
-
-@pytest.mark.parametrize("setting", ["train_docs", "write_counterfactual"])
-def test_an_added_setting_at_its_default_leaves_older_keys_alone(setting, monkeypatch):
-    """At its default (`_ADDED_SETTING_DEFAULTS`) a setting added after runs had been stamped gives the stage keys
-    computed without it, so those runs stay valid."""
-    import experiments.pipeline_config as pc
-
-    assert setting in pc._ADDED_SETTING_DEFAULTS
-    base = PipelineConfig()
-    before = {s: stage_key(base, s) for s in STAGES}
-    monkeypatch.setitem(pc._DEPENDS, "corpus", tuple(f for f in pc._DEPENDS["corpus"] if f != setting))
-    assert {s: stage_key(base, s) for s in STAGES} == before
+    assert changed_stages(base, replace(base, {"data.write.counterfactual": 1})) == STAGE_NAMES
 
 
 @pytest.mark.parametrize("heldout_world", [True, False])
@@ -124,7 +135,8 @@ def test_synthetic_edits_of_the_pipeline(tmp_path, heldout_world):
     from experiments.stages import _documents, _synthetic_edit_records
 
     # the shared world's 10 evaluation and outside documents allow 25 edits that contradict no other one
-    cfg = PipelineConfig(synth_docs=60, eval_docs=5, outside_docs=5, n_edits=20, heldout_world=heldout_world)
+    cfg = tiny({"data.synth_docs": 60, "data.eval_docs": 5, "data.outside_docs": 5, "editing.n_edits": 20,
+                "data.heldout_world": heldout_world})
     said = []
     pipe = Pipeline(cfg, tmp_path, said.append)
     pipe.run(("corpus",))
@@ -200,59 +212,42 @@ def test_memory_write_table_shows_each_write_check():
 
 
 def test_configs_load_and_sweeps():
-    for name in ("default", "default_tiny", "table2", "editing", "scaling", "redocred_cpu", "mistral7b_eval"):
+    from memllm_jax.settings import check_tree, override
+
+    for name in ("default", "default_tiny", "table2", "editing", "scaling", "redocred_cpu", "smollm2_redocred",
+                 "mistral7b"):
         mod = run.load_config_module(name)
-        assert isinstance(mod.get_config(), PipelineConfig)
-        assert run.sweep_points(mod)
+        cfg = mod.get_config()
+        assert isinstance(cfg, PipelineConfig)
+        check_tree(cfg)  # the files they name are checked when a run starts
+        for _, assignments in run.sweep_points(mod):  # every point is a valid config
+            check_tree(override(cfg, *assignments))
     points = run.sweep_points(run.load_config_module("table2"))
-    assert ("row7", ("rows=('row7',)",)) in points
-
-
-def test_stage_key_follows_the_training_config_contents(monkeypatch):
-    """Editing a training config module (not only its name or an override) reruns that stage and the stages that
-    read its model, and no other."""
-    import dataclasses as dc
-    import importlib
-
-    from experiments.pipeline_config import PipelineConfig, stage_key
-
-    cfg = PipelineConfig()
-    stages = ("mw", "mr", "memory", "table2", "editing")
-    before = {s: stage_key(cfg, s) for s in stages}
-    module = importlib.import_module("experiments.configs.mr_tiny")
-    original = module.get_config
-    monkeypatch.setattr(module, "get_config", lambda: dc.replace(original(), steps=original().steps + 1))
-    after = {s: stage_key(cfg, s) for s in stages}
-    assert [s for s in stages if before[s] != after[s]] == ["mr", "table2", "editing"]
+    assert ("row7", ("table2.rows=('row7',)",)) in points
+    assert run.load_config_module("default").get_config() == PipelineConfig()  # the defaults are the default
 
 
 def test_stage_keys_follow_the_data_flow():
-    """A training override for one adapter reruns that adapter and its readers; the memory (written by the
+    """A training setting of one adapter reruns that adapter and its readers; the memory (written by the
     memory-write model) survives more memory-read steps, and an encoder change keeps both adapters."""
-    base = PipelineConfig(train_overrides=("mw.steps=5", "mr.steps=5"))
-    more_mr = PipelineConfig(train_overrides=("mw.steps=5", "mr.steps=9"))
-    changed = [s for s in STAGES if stage_key(base, s) != stage_key(more_mr, s)]
-    assert changed == ["mr", "diagnostics", "table2", "editing", "scaling", "report"]
-    other_encoder = PipelineConfig(train_overrides=base.train_overrides, encoder="other")
-    assert [s for s in STAGES if stage_key(base, s) != stage_key(other_encoder, s)] == [
+    base = replace(PipelineConfig(), {"mw.steps": 5, "mr.steps": 5})
+    assert changed_stages(base, replace(base, {"mr.steps": 9})) == ["mr", "diagnostics", "table2", "editing", "scaling",
+                                                                    "report"]
+    assert changed_stages(base, replace(base, {"write.encoder": "other"})) == [
         "memory", "diagnostics", "table2", "editing", "scaling", "report"]
     # Checkpointing, logging and micro-batching change no update: a finished stage stays finished.
-    bookkeeping = PipelineConfig(train_overrides=base.train_overrides + ("mw.checkpoint_every=2", "mr.log_every=1",
-                                                                         "mw.micro_batches=2"))
-    assert [s for s in STAGES if stage_key(base, s) != stage_key(bookkeeping, s)] == []
+    bookkeeping = replace(base, {"mw.checkpoint_every": 2, "mr.log_every": 1, "mw.micro_batches": 2})
+    assert changed_stages(base, bookkeeping) == []
 
 
 def test_matmul_dtype_reaches_every_training_config_and_reruns_everything_trained():
-    from experiments.pipeline_config import train_overrides
-    from experiments.training import train_config
+    from experiments.pipeline_config import with_matmul_dtype
 
-    base = PipelineConfig(base_model="", train_overrides=("mw.steps=5",))
-    bf16 = dataclasses.replace(base, matmul_dtype="bfloat16")
-    assert train_overrides(base) == ("mw.steps=5",)
-    for section, module in (("pretrain", "pretrain_tiny"), ("mw", "mw_tiny"), ("mr", "mr_tiny")):
-        cfg = train_config(module, section, train_overrides(bf16), train_data="", tokenizer="", workdir="", init=None)
-        assert cfg.model.matmul_dtype == "bfloat16"
-    assert [s for s in STAGES if stage_key(base, s) != stage_key(bf16, s)] == list(STAGES[STAGES.index("pretrain"):])
+    base = tiny()
+    bf16 = with_matmul_dtype(base, "bfloat16")
+    for train in (bf16.base.pretrain, bf16.mw, bf16.mr):
+        assert train.model.matmul_dtype == "bfloat16"
+    assert changed_stages(base, bf16) == STAGE_NAMES[STAGE_NAMES.index("pretrain"):]
 
 
 def test_auto_matmul_dtype_is_resolved_once_to_this_hosts_fast_dtype(tmp_path, monkeypatch):
@@ -264,11 +259,11 @@ def test_auto_matmul_dtype_is_resolved_once_to_this_hosts_fast_dtype(tmp_path, m
     said = []
     for host_dtype in ("float32", "bfloat16"):
         monkeypatch.setattr(matmul, "fast_operand_dtype", lambda: host_dtype)
-        pipe = Pipeline(PipelineConfig(base_model="", matmul_dtype="auto"), tmp_path, say=said.append)
-        assert pipe.cfg.matmul_dtype == host_dtype
-        assert stage_key(pipe.cfg, "mw") == stage_key(PipelineConfig(base_model="", matmul_dtype=host_dtype), "mw")
+        pipe = Pipeline(tiny({"matmul_dtype": "auto"}), tmp_path, say=said.append)
+        assert pipe.cfg.matmul_dtype == host_dtype == pipe.cfg.mw.model.matmul_dtype
+        assert stage_key(pipe.cfg, "mw") == stage_key(Pipeline(tiny({"matmul_dtype": host_dtype}), tmp_path).cfg, "mw")
     assert said == ["matmul_dtype auto -> float32 on this host", "matmul_dtype auto -> bfloat16 on this host"]
-    assert Pipeline(PipelineConfig(matmul_dtype="float32"), tmp_path, say=said.append).cfg.matmul_dtype == "float32"
+    assert Pipeline(tiny({"matmul_dtype": "float32"}), tmp_path, say=said.append).cfg.matmul_dtype == "float32"
     assert len(said) == 2  # nothing to resolve, nothing said
 
 
@@ -294,7 +289,7 @@ def test_side_stage_runs_a_stage_in_a_second_process(tmp_path):
     from experiments.pipeline import run_stage_in_process
     from experiments.side_stage import SideStage
 
-    cfg = PipelineConfig(synth_docs=40, eval_docs=5, vocab_size=400)
+    cfg = tiny({"data.synth_docs": 40, "data.eval_docs": 5, "tokenizer.vocab_size": 400})
     said = []
     # its input (the corpus) is missing
     failing = SideStage(cfg, tmp_path, "tokenizer", run_stage_in_process).start(said.append)
@@ -319,7 +314,7 @@ def test_pretrained_base_brings_its_tokenizer_and_skips_pretraining(tmp_path, mo
     from memllm_jax import protocol
     from memllm_jax.tokenizer import load_tokenizer
 
-    cfg = PipelineConfig(synth_docs=40, eval_docs=5, base_model="smollm2-135m")
+    cfg = tiny({"data.synth_docs": 40, "data.eval_docs": 5, "base.model": "smollm2-135m"})
     said = []
     Pipeline(cfg, tmp_path / "run", said.append).run(("corpus", "tokenizer", "pretrain"))
     tok = load_tokenizer(tmp_path / "run" / "tokenizer")
@@ -344,8 +339,8 @@ def test_mw_learning_curve_writes_with_each_export(tmp_path):
     from memllm_jax.train import loop
     from memllm_jax.train.config import TrainConfig
 
-    cfg = PipelineConfig(synth_docs=40, eval_docs=3, vocab_size=400, encoder="hash:32", write_max_new_tokens=12,
-                         write_late_stopping=False)
+    cfg = tiny({"data.synth_docs": 40, "data.eval_docs": 3, "tokenizer.vocab_size": 400, "write.encoder": "hash:32",
+                "write.max_new_tokens": 12, "write.late_stopping": False})
     pipe = Pipeline(cfg, tmp_path, lambda _: None)
     pipe.run(("corpus", "tokenizer"))
     tok = pipe.tokenizer()
@@ -372,34 +367,35 @@ def test_eval_corpus_file_supplies_the_held_out_documents(tmp_path):
     the `outside_docs` before them are the outside ones (the paper's split with Re-DocRED's train and test files);
     a second file with too few documents is a one-line error naming it."""
     from data_gen.synthetic import iter_synthetic, synthetic_rel_info
+    from experiments.pipeline_config import check_config
     from memllm_jax.errors import InputError
 
     train_raw, held_raw = list(iter_synthetic(20, seed=1)), list(iter_synthetic(12, seed=2))
     for name, content in (("train.json", train_raw), ("held.json", held_raw), ("labels.json", synthetic_rel_info())):
         (tmp_path / name).write_text(json.dumps(content))
-    cfg = PipelineConfig(corpus=str(tmp_path / "train.json"), eval_corpus=str(tmp_path / "held.json"),
-                         labels=str(tmp_path / "labels.json"), eval_docs=4, outside_docs=3)
+    cfg = tiny({"data.corpus": str(tmp_path / "train.json"), "data.eval_corpus": str(tmp_path / "held.json"),
+                "data.labels": str(tmp_path / "labels.json"), "data.eval_docs": 4, "data.outside_docs": 3})
     out = tmp_path / "run"
     Pipeline(cfg, out, lambda _m: None).run(("corpus",))
     split = {k: json.loads((out / "data" / f"{k}.json").read_text()) for k in ("train", "outside", "eval")}
     assert split == {"train": train_raw, "outside": held_raw[-7:-4], "eval": held_raw[-4:]}
     assert len((out / "data" / "eval" / "eval.jsonl").read_text().splitlines()) == 4
     with pytest.raises(InputError, match=r"held.json: 12 documents, fewer than eval_docs \+ outside_docs = 13"):
-        Pipeline(dataclasses.replace(cfg, eval_docs=10), tmp_path / "few", lambda _m: None).run(("corpus",))
+        Pipeline(replace(cfg, {"data.eval_docs": 10}), tmp_path / "few", lambda _m: None).run(("corpus",))
     with pytest.raises(InputError, match=r"eval_corpus=.*held.json.* needs a DocRED-format file as corpus"):
-        Pipeline(dataclasses.replace(cfg, corpus="synthetic"), tmp_path / "synth", lambda _m: None).run(("corpus",))
+        check_config(replace(cfg, {"data.corpus": "synthetic"}))
 
 
 def test_another_evaluation_file_reruns_the_evaluations_not_the_training():
     """With `eval_corpus` set, the evaluation file and the eval / outside counts pick only held-out documents, so
     the training stages keep their keys; without it they split `corpus` itself and so retrain."""
-    a = PipelineConfig(corpus="train.json", eval_corpus="test.json")
-    for other in (dataclasses.replace(a, eval_corpus="dev.json"), dataclasses.replace(a, eval_docs=10, outside_docs=5)):
+    a = replace(PipelineConfig(), {"data.corpus": "train.json", "data.eval_corpus": "test.json"})
+    for other in (replace(a, {"data.eval_corpus": "dev.json"}), replace(a, {"data.eval_docs": 10, "data.outside_docs": 5})):
         assert all(stage_key(a, s) == stage_key(other, s) for s in ("tokenizer", "pretrain", "mw", "mr"))
         assert all(stage_key(a, s) != stage_key(other, s) for s in ("corpus", "memory", "table2", "editing"))
-    assert stage_key(a, "mw") != stage_key(dataclasses.replace(a, corpus="train2.json"), "mw")
-    split_itself = PipelineConfig(corpus="test.json")
-    assert stage_key(split_itself, "mw") != stage_key(dataclasses.replace(split_itself, eval_docs=10), "mw")
+    assert stage_key(a, "mw") != stage_key(replace(a, {"data.corpus": "train2.json"}), "mw")
+    split_itself = replace(PipelineConfig(), {"data.corpus": "test.json"})
+    assert stage_key(split_itself, "mw") != stage_key(replace(split_itself, {"data.eval_docs": 10}), "mw")
 
 
 def test_a_development_threshold_before_the_memory_stage_is_a_clear_error(tmp_path):
@@ -408,7 +404,7 @@ def test_a_development_threshold_before_the_memory_stage_is_a_clear_error(tmp_pa
     from experiments.stages import _min_confidence
     from memllm_jax.errors import InputError
 
-    pipe = Pipeline(PipelineConfig(write_min_confidence="development"), tmp_path, lambda _m: None)
+    pipe = Pipeline(PipelineConfig(), tmp_path, lambda _m: None)  # its threshold is chosen on development documents
     with pytest.raises(InputError, match=r"memory.json: not found.*run it first"):
         _min_confidence(pipe)
     (tmp_path / "results").mkdir()
@@ -432,7 +428,7 @@ def test_a_rerun_training_stage_starts_over_and_an_interrupted_one_resumes(tmp_p
     _training_workdir(pipe, "mw")  # finished, then rerun (--force, or upstream data changed)
     assert not left.exists() and not stamp.exists() and "starting over" in said[-1]
     left.mkdir()
-    other = Pipeline(PipelineConfig(train_overrides=("mw.steps=7",)), tmp_path, said.append)
+    other = Pipeline(replace(PipelineConfig(), {"mw.steps": 7}), tmp_path, said.append)
     _training_workdir(other, "mw")  # interrupted under other settings
     assert not left.exists()
     left.mkdir()

@@ -1,7 +1,10 @@
-"""`memllm train --config FILE [--set a.b=c ...] [--point NAME]`: run one training config.
+"""`memllm train --config FILE [--part PATH] [--set a.b=c ...] [--point NAME]`: run one training config.
 
-FILE is an experiment config (`experiments/configs/NAME.py` or its module name) whose `get_config()` returns
-a `TrainConfig`; `--point` applies one named point of its `sweep(add)` first.
+FILE is an experiment config (`experiments/configs/NAME.py` or its module name) whose `get_config()` returns a
+`TrainConfig`, or a config holding one at `--part` (e.g. `--config default --part mw`: the main job's memory-write
+adapter; give its data with `--set train_data="('write.jsonl',)" --set tokenizer=DIR --set workdir=DIR`);
+`--point` applies one named point of its `sweep(add)` first. Every setting is parsed to its field's type and
+checked before anything runs.
 
 Multi-process launches: every process runs the same command with `--distributed`, which calls
 `jax.distributed.initialize()` before anything touches the devices. On a Cloud TPU pod slice (or under
@@ -23,7 +26,10 @@ import os
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="experiment config: a .py file or experiments/configs module name")
-    parser.add_argument("--set", action="append", default=[], metavar="A.B=C", help="override a TrainConfig field")
+    parser.add_argument("--part", default=None, metavar="PATH",
+                        help="the training config at this path of the config (e.g. mw, mr, base.pretrain)")
+    parser.add_argument("--set", action="append", default=[], metavar="A.B=C",
+                        help="change a TrainConfig setting, e.g. steps=100 (repeatable)")
     parser.add_argument("--point", default=None, help="apply this named point of the config's sweep(add)")
     parser.add_argument("--distributed", action="store_true", help="jax.distributed.initialize() first")
     parser.add_argument("--coordinator", metavar="HOST:PORT", help="--distributed: process 0's address "
@@ -49,20 +55,27 @@ def load_config_module(spec: str):
         raise SystemExit(f"{spec}: no such experiment config (experiments/configs/{spec}.py)") from exc
 
 
-def resolve_config(spec: str, assignments: list[str], point: str | None = None):
+def resolve_config(spec: str, assignments: list[str], point: str | None = None, part: str | None = None):
+    """The checked `TrainConfig`: the config module's, with `point`'s sweep assignments (to the whole config), the
+    part at `part`, then `assignments` (to the training config)."""
     from memllm_jax.settings import check_tree, override
     from memllm_jax.train.config import TrainConfig
 
     module = load_config_module(spec)
     cfg = module.get_config()
-    if not isinstance(cfg, TrainConfig):
-        raise SystemExit(f"{spec}: get_config() returned {type(cfg).__name__}, not a TrainConfig")
     if point is not None:
         points: dict[str, tuple[str, ...]] = {}
         getattr(module, "sweep", lambda add: None)(lambda name, *a: points.__setitem__(str(name), a))
         if point not in points:
             raise SystemExit(f"{spec}: no sweep point {point!r} (have {sorted(points)})")
         cfg = override(cfg, *points[point])
+    for key in (part.split(".") if part else []):
+        if not hasattr(cfg, key):
+            raise SystemExit(f"--part {part}: {type(cfg).__name__} has no {key!r}")
+        cfg = getattr(cfg, key)
+    if not isinstance(cfg, TrainConfig):
+        raise SystemExit(f"{spec}: get_config(){'.' + part if part else ''} is a {type(cfg).__name__}, not a "
+                         "TrainConfig (choose one with --part, e.g. --part mw)")
     cfg = override(cfg, *assignments)
     check_tree(cfg)
     return cfg
@@ -79,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
         from memllm_jax.train.loop import initialize_distributed
 
         initialize_distributed(*explicit)
-    cfg = resolve_config(args.config, args.set, args.point)
+    cfg = resolve_config(args.config, args.set, args.point, args.part)
     if args.print_config:
         import dataclasses
 
