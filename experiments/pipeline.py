@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from experiments import stages
 from experiments.pipeline_config import STAGES, PipelineConfig, resolve_host_settings, stage_key
+from memllm_jax.bench.host import describe
 from memllm_jax.files import atomic_write_json
 
 
@@ -61,6 +62,7 @@ class Pipeline:
 
     def run(self, stages=STAGES) -> None:
         atomic_write_json(self.out / "config.json", dataclasses.asdict(self.cfg), indent=1, default=str)
+        atomic_write_json(self.out / "host.json", {**describe(), "matmul_dtype": self.cfg.matmul_dtype}, indent=1)
         side = None
         try:
             for name in stages:
