@@ -83,7 +83,8 @@ def read_run(path: str | pathlib.Path) -> RunDir:
 
 def latest_per_config(runs: list[RunDir]) -> list[tuple[RunDir, list[RunDir]]]:
     """`(the latest run, the older ones)` per config, in the order each config first appears in `runs`. A run
-    with no finished stage counts as older than any with one."""
+    with no finished stage counts as older than any with one; of runs that finished at the same time, the one
+    named last wins."""
     by_name: dict[str, list[RunDir]] = {}
     for run in runs:
         by_name.setdefault(run.name, []).append(run)
@@ -167,5 +168,7 @@ def main(args: argparse.Namespace) -> int:
         print(text, end="")
     else:
         atomic_write_text(args.out, text)
-        print(f"wrote {args.out} ({len(latest_per_config(runs))} configs from {len(runs)} run directories)")
+        configs = len(latest_per_config(runs))
+        print(f"wrote {args.out}: {configs} config{'s' * (configs != 1)} from {len(runs)} run "
+              f"director{'ies' if len(runs) != 1 else 'y'}")
     return 0

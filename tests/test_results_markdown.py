@@ -147,6 +147,13 @@ def test_a_path_that_is_not_a_run_directory_is_one_line_and_exit_2(fake_run, con
     assert captured.out == "" and not out.exists()  # nothing written
 
 
+def test_an_out_path_that_is_a_directory_is_one_line_and_exit_2(fake_run, tmp_path, capsys):
+    run = fake_run()
+    assert main(["report", "--markdown", str(run), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {tmp_path}: --out is a directory; give a file such as RESULTS.md\n"
+
+
 def test_memllm_run_records_its_host(tmp_path):
     from experiments.pipeline import Pipeline
     from experiments.pipeline_config import PipelineConfig
