@@ -1,13 +1,15 @@
 # Two entry points: `make run` (the embedded-default main job) and `make test`. Each creates .venv and
-# installs what it needs, pinned by constraints.txt.
+# installs what it needs, pinned by constraints.txt. `make results` writes RESULTS.md from the run directories
+# under outputs/ (RUNS="DIR ..." for others).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 OUT ?= outputs/default
 CONFIG ?= default
 STAMP := $(VENV)/.installed
+RUNS ?= $(wildcard outputs/*/)
 
-.PHONY: install run test bench clean
+.PHONY: install run test bench results clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +27,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -n 2 -q
+
+results: $(STAMP)
+	$(BIN)/memllm report --markdown $(or $(RUNS),$(error no run directories under outputs/: run `make run` first)) --out RESULTS.md
 
 bench: $(STAMP)
 	$(BIN)/memllm bench model

@@ -20,6 +20,7 @@ from typing import Any, Callable
 from experiments import stages
 from experiments.pipeline_config import (STAGES, PipelineConfig, changed_settings, resolve_host_settings,
                                         stage_key, stage_settings)
+from memllm_jax.bench.host import describe
 from memllm_jax.files import atomic_write_json
 
 
@@ -85,6 +86,7 @@ class Pipeline:
 
     def run(self, stages=tuple(STAGES)) -> None:
         atomic_write_json(self.out / "config.json", dataclasses.asdict(self.cfg), indent=1, default=str)
+        atomic_write_json(self.out / "host.json", {**describe(), "matmul_dtype": self.cfg.matmul_dtype}, indent=1)
         side = None
         try:
             for name in stages:

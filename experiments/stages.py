@@ -561,22 +561,12 @@ def stage_scaling(self):
 
 
 def stage_report(self):
-    from experiments.tables import diagnostics_markdown, read_diagnostics_markdown
+    from experiments.tables import results_tables
 
     res = self.out / "results"
     parts = [f"# MemLLM ({self.cfg.name}) results", "", f"Output directory: `{self.out}`", ""]
-
-    def load(name):
-        return json.loads((res / name).read_text()) if (res / name).exists() else None
-
-    diag = diagnostics_markdown(load("corpus.json"), load("diagnostics.json"))
-    if diag:
-        parts += [diag, ""]
-    for name in ("table2.md", *sorted(p.name for p in res.glob("table3*.md")), "scaling.md"):
-        if (res / name).exists():
-            parts += [(res / name).read_text(), ""]
-        if name == "table2.md" and load("table2.json"):
-            parts += [read_diagnostics_markdown(load("table2.json")), ""]
+    for block in results_tables(res):
+        parts += [block, ""]
     for name in ("table2.png", "scaling.png"):
         if (res / name).exists():
             parts.append(f"![{name}]({name})")

@@ -7,6 +7,7 @@ import math
 import pathlib
 from typing import Mapping, Sequence
 
+from memllm_jax.errors import load_json
 from memllm_jax.eval.editing import ERROR_KINDS
 from memllm_jax.eval.rows import PAPER_TABLE2, PAPER_TABLE3, ROWS
 from memllm_jax.files import atomic_open
@@ -175,6 +176,28 @@ def scaling_markdown(points: Sequence[Mapping], growth: Sequence[Mapping]) -> st
     return "\n".join(lines)
 
 
+def results_tables(res: str | pathlib.Path) -> list[str]:
+    """The markdown tables of a run's results directory in the report's order: diagnostics (held-out check,
+    memory-write precision / recall, copy probe), Table 2 and its read diagnostics, each Table 3, scaling. Table
+    2, 3 and scaling are the files their stages wrote; absent results are left out. One block per table group
+    (`results/report.md` and RESULTS.md)."""
+    res = pathlib.Path(res)
+
+    def load(name):
+        return load_json(res / name) if (res / name).exists() else None
+
+    blocks = []
+    diag = diagnostics_markdown(load("corpus.json"), load("diagnostics.json"))
+    if diag:
+        blocks.append(diag)
+    for name in ("table2.md", *sorted(p.name for p in res.glob("table3*.md")), "scaling.md"):
+        if (res / name).exists():
+            blocks.append((res / name).read_text())
+        if name == "table2.md" and load("table2.json"):
+            blocks.append(read_diagnostics_markdown(load("table2.json")))
+    return blocks
+
+
 def _savefig(fig, path: pathlib.Path) -> None:
     with atomic_open(path, "wb") as f:
         fig.savefig(f, format="png", dpi=120, bbox_inches="tight")
@@ -212,19 +235,32 @@ def plot_scaling(points: Sequence[Mapping], growth: Sequence[Mapping], path: str
 
 
 def plot_table2(results: Mapping[str, Mapping], path: str | pathlib.Path) -> pathlib.Path:
+    path = pathlib.Path(path)
+    fig = table2_figure(results)  # selects the Agg backend before pyplot is imported here
+    import matplotlib.pyplot as plt
+
+    _savefig(fig, path)
+    plt.close(fig)
+    return path
+
+
+def table2_figure(results: Mapping[str, Mapping]):
+    """The Table 2 bar chart (a matplotlib figure): OVERALL / TARGET / ENTITY per row, on a log axis when they
+    span more than a factor of 20."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     keys = [k for k in ROWS if k in results]
-    path = pathlib.Path(path)
-    fig, ax = plt.subplots(figsize=(10, 4))
+    # one inch per row and the legend beside the axes: a row's label ("Baseline" over "#1", one word a line) fits
+    # under its own bars and the legend covers none
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.0 * len(keys)) + 1.5, 4))
     width = 0.27
     for i, metric in enumerate(("overall", "target", "entity")):
         ax.bar([x + (i - 1) * width for x in range(len(keys))], [results[k]["ppl"].get(metric, float("nan")) for k in keys],
                width, label=metric.upper())
-    ax.set_xticks(range(len(keys)), [ROWS[k].name for k in keys])
+    ax.set_xticks(range(len(keys)), ["\n".join(ROWS[k].name.split()) for k in keys])
     from memllm_jax.eval.html import needs_log
 
     log = needs_log([v for k in keys for v in results[k]["ppl"].values()])
@@ -232,7 +268,5 @@ def plot_table2(results: Mapping[str, Mapping], path: str | pathlib.Path) -> pat
         ax.set_yscale("log")
     ax.set_ylabel("perplexity (log scale)" if log else "perplexity")
     ax.set_title("Table 2 rows (ours)")
-    ax.legend()
-    _savefig(fig, path)
-    plt.close(fig)
-    return path
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig

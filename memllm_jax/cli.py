@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "model-size": ("memllm_jax.model.size_cli", "parameter bytes in total and per device for a preset on a mesh"),
     "plan": ("memllm_jax.plan_cli", "AOT-compile the train and decode steps: per-device memory, FLOPs, fit"),
     "bench": ("memllm_jax.bench.cli", "benchmarks: model, memory, train, decode"),
+    "report": ("experiments.report_markdown", "RESULTS.md from run directories: the latest tables of each config"),
 }
 
 

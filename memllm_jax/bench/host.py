@@ -4,12 +4,16 @@ The machines are shared, so a figure measured while other processes run is not t
 `memllm bench` samples the host first, refuses to start when it is busy (unless `--allow-load`), and prints
 the load before and after under its table, with the date, so a reader can judge the figures; when other
 processes or the hypervisor (steal) took a share of the CPU during the run, it says so loudly under the table.
+
+`describe()` is the same host as a JSON-able record (CPU model, cores, the CPU features matmul speed depends on,
+load, jax version): `memllm run` keeps it in its run directory (`host.json`) for the results page.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.metadata
 import os
 import sys
 import time
@@ -149,3 +153,40 @@ def check_idle(before: HostSample, allow_load: bool) -> bool:
         return True
     _shout(f"the host is busy: {'; '.join(reasons)}.\nTimings measured now mix in other processes' work.")
     return allow_load
+
+
+RECORDED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+"""/proc/cpuinfo flags `describe` records: the vector width and the bf16 dot-product instructions
+(`model.matmul.BF16_DOT_FLAGS`) that decide how fast the matmuls run and which dtype "auto" picks."""
+
+
+def cpu_info(cpuinfo: str | None = None) -> tuple[str | None, list[str]]:
+    """`(CPU model name, the RECORDED_FLAGS it has)` from /proc/cpuinfo's first processor; `(None, [])` where it
+    cannot be read (not Linux, a sandbox)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return None, []
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    return fields.get("model name"), [f for f in RECORDED_FLAGS if f in flags]
+
+
+def describe() -> dict:
+    """This host now: `{"when", "cpu", "cores", "flags", "load", "jax"}` (load: 1/5/15-minute averages or None;
+    jax: the installed version, read without importing it)."""
+    model, flags = cpu_info()
+    try:
+        jax_version = importlib.metadata.version("jax")
+    except importlib.metadata.PackageNotFoundError:
+        jax_version = None
+    load = load_average()
+    return {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cpu": model,
+            "cores": os.cpu_count() or 1, "flags": flags, "load": None if load is None else [round(x, 2) for x in load],
+            "jax": jax_version}
