@@ -19,6 +19,11 @@ import shutil
 import sys
 import time
 
+from experiments.pipeline import Pipeline, keeps_freed_memory
+from experiments.pipeline_config import STAGES, PipelineConfig
+from memllm_jax import runtime
+from memllm_jax.config import override
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default="default", help="experiments/configs module name or a .py file (default: default)")
@@ -53,19 +58,14 @@ def sweep_points(module) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from experiments.pipeline import Pipeline
-    from experiments.pipeline_config import STAGES, PipelineConfig
-    from memllm_jax.config import override
-    from memllm_jax.train.host_memory import keep_freed_memory
-
     module = load_config_module(args.config)
     base = module.get_config()
     if not isinstance(base, PipelineConfig):
         raise SystemExit(f"{args.config}: get_config() returned {type(base).__name__}; `memllm run` takes a PipelineConfig "
                          "(training configs run with `memllm train`)")
     base = override(base, *args.set)
-    if base.keep_freed_memory:
-        keep_freed_memory()  # before JAX starts: the training and decoding steps reuse their buffers' pages
+    if keeps_freed_memory(base):
+        runtime.keep_freed_memory()  # before JAX starts: the training and decoding steps reuse their buffers' pages
     out = pathlib.Path(args.out)
     t0 = time.perf_counter()
 

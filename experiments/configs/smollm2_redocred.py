@@ -82,11 +82,11 @@ its tokens (at the default's lowest threshold, -1.0, it kept a twentieth of what
 Freed memory is kept for reuse (`keep_freed_memory`, the default): 12.3-12.7 s per 8 x 512 step against 17-20 s
 without (2026-11-24, each adapter trained in its own process, peak 16.5-16.7 GB). An earlier run with it was killed
 at 24 GB after 13 memory-read steps (the kept heap's fragments); the training loop now gives the kept pages back
-when the host's available memory falls below a quarter (`train.host_memory.release_if_memory_low`). A full run with
+when the host's available memory falls below a quarter (`runtime.host_memory.release_if_memory_low`). A full run with
 both adapters in one process has not been timed since; `MEMLLM_DEFAULT_MALLOC=1` leaves malloc alone. On a
 2-core AMD EPYC host the memory-write training was killed by the kernel twice (2026-11-27 / 28): the process's
 resident memory, 14.0-14.5 GB at every logged step (one batch shape all along), grew to 24.3-24.4 GB within one
-step (184, then 59), a step's buffers taken from fresh memory (`train.host_memory.StepRise`). Hence two
+step (184, then 59), a step's buffers taken from fresh memory (`runtime.host_memory.StepRise`). Hence two
 micro-batches per step (the same update; resident 7.6 GB, the same ~11 s per step there), the loop's release of
 the kept pages whenever the host could not hold such a jump, and checkpoints every 25 / 30 steps: the stage
 resumes from the last one when rerun (these settings are left out of the stage keys)."""
