@@ -7,6 +7,10 @@ Stages: corpus (synthesize or load, split train / outside / eval, build write / 
 tokenizer -> pretrain (tiny base; skipped with a pretrained base) -> mw and mr (LoRA adapters) -> memory (the
 memory-write model writes the evaluation and outside documents) -> diagnostics -> table2 -> editing -> scaling ->
 report (markdown, PNG, index.html). `Pipeline(cfg, out).run_stage(name)` runs one.
+
+What the host needs besides (freed memory kept for reuse, released between stages; the memory-read adapter
+trained in a second process while the memory-write adapter trains) the runtime decides (`memllm_jax.runtime`);
+a config can only turn it off (`keeps_freed_memory`, `trains_adapters_in_parallel`).
 """
 
 from __future__ import annotations
@@ -20,26 +24,51 @@ from typing import Any, Callable
 from experiments import stages
 from experiments.pipeline_config import (STAGES, PipelineConfig, changed_settings, resolve_host_settings,
                                         stage_key, stage_settings)
+from memllm_jax import runtime
 from memllm_jax.bench.host import describe
 from memllm_jax.files import atomic_write_json
 
+# ------------------------------------------------------------------ the runtime's choices, as a config limits them
+
+
+def trains_adapters_in_parallel(cfg: PipelineConfig) -> bool:
+    """Whether the memory-read adapter trains in a second process while the memory-write adapter trains (both
+    start from the base): where the runtime says two trainings side by side pay, for a tiny base pretrained here
+    (two processes of a pretrained base's size compete for memory and bandwidth, and gain nothing)."""
+    return not cfg.base.model and runtime.parallel_adapters_available()
+
+
+# ------------------------------------------------------------------------------------ the second process
+
 
 def run_stage_in_process(cfg: PipelineConfig, out: str, name: str) -> None:
-    """Run stage `name` of the pipeline in `out`, printing timed progress: a side process's entry point
-    (`side_stage.SideStage`)."""
+    """Run stage `name` of the pipeline in `out`, printing timed progress: the second process's entry point
+    (`side_stage`); the stage writes its own stamp, exactly as when run in the main process."""
     t0 = time.perf_counter()
     Pipeline(cfg, out, say=lambda msg: print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)).run_stage(name)
 
 
-def parallel_adapters(cfg: PipelineConfig) -> bool:
-    """Train the memory-read adapter in a second process while the memory-write adapter trains: on a CPU host with
-    two or more cores, for a tiny base pretrained here (two processes of a pretrained base's size compete for memory
-    bandwidth and gain nothing); never on an accelerator, where two processes would compete for the device."""
-    import os
+def side_stage(cfg: PipelineConfig, out: str | pathlib.Path, name: str) -> runtime.SideProcess:
+    """Stage `name` as a job for a second process (`runtime.SideProcess`; its output in `out/logs/<name>.log`)."""
+    out = pathlib.Path(out)
+    return runtime.SideProcess(name, run_stage_in_process, (cfg, str(out), name), out / "logs" / f"{name}.log")
 
-    import jax
 
-    return not cfg.base.model and jax.default_backend() == "cpu" and (os.cpu_count() or 1) >= 2
+def training_progress(out: str | pathlib.Path, name: str) -> str:
+    """A training stage's last logged step, from its metrics file ("" before the first)."""
+    path = pathlib.Path(out) / "train" / name / "metrics.jsonl"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a line being written
+            continue
+        if rec.get("kind") == "train":
+            return f"step {rec['step']}, loss {rec.get('loss', float('nan')):.3f}"
+    return ""
 
 
 class Pipeline:
@@ -74,11 +103,7 @@ class Pipeline:
         self.say(f"[{name}] running")
         info = getattr(self, f"stage_{name}")() or {}
         seconds = time.perf_counter() - t0
-        from memllm_jax.compiled_code import release_if_many_mappings
-        from memllm_jax.train.host_memory import release_freed_memory
-
-        release_freed_memory()  # `memllm run` keeps freed memory for reuse within a stage, not across stages
-        release_if_many_mappings(self.say)
+        runtime.after_stage(self.say)  # e.g. freed memory is kept for reuse within a stage, not across stages
         atomic_write_json(self.out / "stages" / f"{name}.json",
                           {"key": stage_key(self.cfg, name), "seconds": seconds, **info,
                            "settings": stage_settings(self.cfg, name)}, indent=1, default=str)
@@ -91,13 +116,11 @@ class Pipeline:
         try:
             for name in stages:
                 if side is not None and name == side.name:
-                    side.wait(self.say)
+                    side.wait(self.say, lambda: training_progress(self.out, side.name))
                     side = None
                     continue
-                if name == "mw" and parallel_adapters(self.cfg) and "mr" in stages and not self.done("mr"):
-                    from experiments.side_stage import SideStage
-
-                    side = SideStage(self.cfg, self.out, "mr", run_stage_in_process).start(self.say)
+                if name == "mw" and trains_adapters_in_parallel(self.cfg) and "mr" in stages and not self.done("mr"):
+                    side = side_stage(self.cfg, self.out, "mr").start(self.say)
                 self.run_stage(name)
         finally:
             if side is not None:  # the main process failed first
@@ -141,15 +164,13 @@ class Pipeline:
         """Raise the model's context bound to the longest evaluation document plus room for a read (its weights
         do not depend on it; RoPE extrapolates to positions past the training length). Real corpora such as
         Re-DocRED have documents longer than the tiny model's 512 tokens."""
-        import dataclasses as dc
-
         cfg = getattr(model, "cfg", None)
         if cfg is None or not (self.out / "data" / "eval" / "eval.jsonl").exists():
             return model
         need = max((len(d.ids) for d in self.eval_docs()), default=0) + 256
         if need > cfg.max_seq_len:
             self.say(f"  {which}: context bound raised from {cfg.max_seq_len} to {need} tokens for the longest evaluation document")
-            model.cfg = dc.replace(cfg, max_seq_len=need)
+            model.cfg = dataclasses.replace(cfg, max_seq_len=need)
         return model
 
     def eval_docs(self):

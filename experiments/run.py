@@ -18,11 +18,16 @@ import dataclasses
 import importlib
 import importlib.util
 import pathlib
-import shutil
 import json
+import shutil
 import sys
 import time
 from typing import Any
+
+from experiments.pipeline import Pipeline
+from experiments.pipeline_config import STAGES, PipelineConfig, check_config
+from memllm_jax import runtime
+from memllm_jax.settings import override
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,9 +67,6 @@ def sweep_points(module) -> list[tuple[str, tuple[str, ...]]]:
 def resolve(args: argparse.Namespace) -> tuple[Any, list[tuple[str, Any]]]:
     """The config module and its points `(name, PipelineConfig)` (one unnamed point without `--sweep`), every
     setting parsed and checked: a bad one is an `InputError` before anything runs."""
-    from experiments.pipeline_config import PipelineConfig, check_config
-    from memllm_jax.settings import override
-
     module = load_config_module(args.config)
     base = module.get_config()
     if not isinstance(base, PipelineConfig):
@@ -80,10 +82,6 @@ def resolve(args: argparse.Namespace) -> tuple[Any, list[tuple[str, Any]]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from experiments.pipeline import Pipeline
-    from experiments.pipeline_config import STAGES
-    from memllm_jax.train.host_memory import keep_freed_memory
-
     stages = tuple(args.stage) or tuple(STAGES)
     bad = [s for s in stages if s not in STAGES]
     if bad:
@@ -93,7 +91,8 @@ def main(args: argparse.Namespace) -> int:
         for name, cfg in points:
             print(json.dumps({"point": name, **dataclasses.asdict(cfg)} if name else dataclasses.asdict(cfg), indent=1))
         return 0
-    keep_freed_memory()  # before JAX starts: the training and decoding steps reuse their buffers' pages
+    if runtime.keep_freed_memory_default():
+        runtime.keep_freed_memory()  # before JAX starts: the training and decoding steps reuse their buffers' pages
     out = pathlib.Path(args.out)
     t0 = time.perf_counter()
 

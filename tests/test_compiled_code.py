@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from memllm_jax import compiled_code
+from memllm_jax.runtime import compiled_code
 
 
 def _f(x):

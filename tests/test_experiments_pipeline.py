@@ -8,9 +8,10 @@ import pytest
 
 from experiments import run
 from experiments.configs import default_tiny
-from experiments.pipeline import Pipeline
+from experiments.pipeline import Pipeline, side_stage, trains_adapters_in_parallel, training_progress
 from experiments.pipeline_config import STAGES, PipelineConfig, stage_key
 from experiments.tables import plot_scaling, scaling_markdown, table2_markdown, table3_markdown
+from memllm_jax import runtime
 from memllm_jax.settings import replace
 
 STAGE_NAMES = list(STAGES)
@@ -253,7 +254,6 @@ def test_matmul_dtype_reaches_every_training_config_and_reruns_everything_traine
 def test_auto_matmul_dtype_is_resolved_once_to_this_hosts_fast_dtype(tmp_path, monkeypatch):
     """"auto" becomes a concrete dtype when the pipeline starts: its stage keys and config.json then name the
     dtype that ran, and a run on a host of the other kind does not reuse its stages."""
-    from experiments.pipeline import Pipeline
     from memllm_jax.model import matmul
 
     said = []
@@ -270,7 +270,6 @@ def test_auto_matmul_dtype_is_resolved_once_to_this_hosts_fast_dtype(tmp_path, m
 def test_context_bound_covers_the_longest_evaluation_document(tmp_path):
     import types
 
-    from experiments.pipeline import Pipeline
     from experiments.pipeline_config import PipelineConfig
     from memllm_jax.config import TINY
 
@@ -285,19 +284,31 @@ def test_context_bound_covers_the_longest_evaluation_document(tmp_path):
     assert short.cfg.max_seq_len == 4096  # never lowered
 
 
-def test_side_stage_runs_a_stage_in_a_second_process(tmp_path):
-    from experiments.pipeline import run_stage_in_process
-    from experiments.side_stage import SideStage
+@pytest.mark.parametrize("host", [True, False])
+def test_the_runtime_chooses_parallel_adapters_for_a_tiny_base(host, monkeypatch):
+    monkeypatch.setattr(runtime, "parallel_adapters_available", lambda: host)
+    assert trains_adapters_in_parallel(tiny()) is host
+    assert not trains_adapters_in_parallel(PipelineConfig())  # a pretrained base: one adapter after the other
 
+
+def test_training_progress_reads_the_last_logged_step(tmp_path):
+    assert training_progress(tmp_path, "mr") == ""
+    path = tmp_path / "train" / "mr" / "metrics.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"kind": "train", "step": 3, "loss": 2.5}\n{"kind": "eval", "step": 3, "loss": 9}\n{"kind": "tr')
+    assert training_progress(tmp_path, "mr") == "step 3, loss 2.500"
+
+
+def test_side_stage_runs_a_stage_in_a_second_process(tmp_path):
     cfg = tiny({"data.synth_docs": 40, "data.eval_docs": 5, "tokenizer.vocab_size": 400})
     said = []
     # its input (the corpus) is missing
-    failing = SideStage(cfg, tmp_path, "tokenizer", run_stage_in_process).start(said.append)
+    failing = side_stage(cfg, tmp_path, "tokenizer").start(said.append)
     with pytest.raises(RuntimeError, match="tokenizer.*failed in its second process"):
         failing.wait(said.append, every=1.0)
     pipe = Pipeline(cfg, tmp_path, said.append)
     pipe.run(("corpus",))
-    SideStage(cfg, tmp_path, "tokenizer", run_stage_in_process).start(said.append).wait(said.append, every=1.0)
+    side_stage(cfg, tmp_path, "tokenizer").start(said.append).wait(said.append, every=1.0)
     assert pipe.done("tokenizer")  # the second process wrote the stage's stamp
     assert (tmp_path / "tokenizer").exists() and (tmp_path / "logs" / "tokenizer.log").exists()
     assert any("done in" in s and "second process" in s for s in said)

@@ -1,15 +1,18 @@
-"""train.host_memory: a freed large block is reused without page faults (keep_freed_memory), a no-op once JAX runs;
+"""runtime.host_memory: a freed large block is reused without page faults (keep_freed_memory), a no-op once JAX runs;
 release_freed_memory gives the kept pages back."""
 
 import os
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import pytest
+
+from memllm_jax.runtime import host_memory
 
 FAULTS_OF_SECOND_BLOCK = """
 import ctypes, resource, sys
-from memllm_jax.train.host_memory import keep_freed_memory
+from memllm_jax.runtime.host_memory import keep_freed_memory
 applied = keep_freed_memory() if sys.argv[1] == "keep" else False
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.malloc.argtypes, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_size_t], [ctypes.c_void_p]
@@ -48,17 +51,13 @@ def test_environment_opt_out_leaves_malloc_as_it_is():
 
 
 def test_no_op_once_jax_runs():
-    import jax.numpy as jnp
-
-    from memllm_jax.train.host_memory import keep_freed_memory
-
     jnp.ones(2).block_until_ready()
-    assert keep_freed_memory() is False
+    assert host_memory.keep_freed_memory() is False
 
 
 RESIDENT_AFTER_RELEASE = """
 import ctypes
-from memllm_jax.train.host_memory import keep_freed_memory, release_freed_memory
+from memllm_jax.runtime.host_memory import keep_freed_memory, release_freed_memory
 def resident_mb():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 // 2**20
 assert keep_freed_memory()
@@ -89,8 +88,6 @@ def _meminfo(tmp_path, total_kb: int, available_kb: int) -> str:
 
 
 def test_release_if_memory_low_reads_the_hosts_available_fraction(tmp_path, monkeypatch):
-    from memllm_jax.train import host_memory
-
     calls = []
     monkeypatch.setattr(host_memory, "release_freed_memory", lambda: calls.append(1) or True)
     assert host_memory.available_memory_fraction(_meminfo(tmp_path, 1000, 300)) == 0.3
@@ -103,8 +100,6 @@ def test_release_if_memory_low_reads_the_hosts_available_fraction(tmp_path, monk
 def test_memory_is_given_back_when_the_host_could_not_hold_the_largest_step_rise(tmp_path, monkeypatch):
     """A step can take a whole step's buffers of fresh memory (`StepRise`): the kept pages are given back when the
     host has less than 1.25 x the largest rise over one step available, measured again after a release."""
-    from memllm_jax.train import host_memory
-
     calls = []
     monkeypatch.setattr(host_memory, "release_freed_memory", lambda: calls.append(1) or True)
     status = tmp_path / "status"
@@ -132,11 +127,9 @@ def test_memory_is_given_back_when_the_host_could_not_hold_the_largest_step_rise
 
 
 def test_process_memory_is_read_from_proc_status(tmp_path):
-    from memllm_jax.train.host_memory import process_memory_gb
-
     status = tmp_path / "status"
     status.write_text("Name:\tpython\nVmHWM:\t 2500000 kB\nVmRSS:\t 1250000 kB\n")
-    assert process_memory_gb(str(status)) == {"host_rss_gb": 1.25, "host_peak_gb": 2.5}
-    assert process_memory_gb(str(tmp_path / "absent")) == {}
-    own = process_memory_gb()
+    assert host_memory.process_memory_gb(str(status)) == {"host_rss_gb": 1.25, "host_peak_gb": 2.5}
+    assert host_memory.process_memory_gb(str(tmp_path / "absent")) == {}
+    own = host_memory.process_memory_gb()
     assert 0 < own["host_rss_gb"] <= own["host_peak_gb"]

@@ -1,10 +1,11 @@
 """Whole runs: tiny pretraining beats the unigram baseline; a LoRA adapter trained from it lowers its span
 loss; a run killed mid-way resumes to bitwise the same parameters; NaN stops the run keeping good checkpoints;
-checkpoints restore into another mesh."""
+checkpoints restore into another mesh; the loop calls its hooks, and on a CPU host the runtime's."""
 
 import json
 import os
 import re
+import types
 
 import jax
 import numpy as np
@@ -13,6 +14,7 @@ from flax import nnx
 
 from memllm_jax.config import TINY, LoraConfig, MeshConfig
 from memllm_jax.model.placement import create_model
+from memllm_jax.runtime import host_memory, train_hook
 from memllm_jax.train import loop
 from memllm_jax.train.checkpoint import Checkpointer
 from memllm_jax.train.config import TrainConfig
@@ -151,16 +153,13 @@ def test_nan_stops_and_keeps_last_good_checkpoint(files, pretrained, tmp_path):
 
 def test_kept_heap_stops_at_the_first_change_of_batch_shape(files, tmp_path, monkeypatch, capsys):
     """A run whose batches come in two length buckets: at the first step whose batch shape differs from the step
-    before, the loop stops keeping freed memory (`train.host_memory`) and says so; with one bucket, never."""
-    import types
-
-    from memllm_jax.train import host_memory
-
+    before, the runtime's hook stops keeping freed memory (`runtime.host_memory`) and says so; with one bucket,
+    never."""
     calls = []
     monkeypatch.setattr(host_memory, "_keeping", True)
     libc = types.SimpleNamespace(mallopt=lambda *a: calls.append(a) or 1, malloc_trim=lambda pad: 1)
     monkeypatch.setattr(host_memory, "_libc", lambda: libc)
-    monkeypatch.setattr(loop, "release_if_memory_low", lambda **kw: False)
+    monkeypatch.setattr(train_hook, "release_if_memory_low", lambda **kw: False)
     for buckets, name in (((128,), "one"), ((32, 128), "two")):
         cfg = TrainConfig(name=name, model=TINY, mode="full", train_data=(files["write"],), tokenizer=files["tok"],
                           seq_len=128, buckets=buckets, packing="pad", global_batch=8, steps=12, lr=1e-3,
@@ -170,3 +169,40 @@ def test_kept_heap_stops_at_the_first_change_of_batch_shape(files, tmp_path, mon
         said = capsys.readouterr().out.count("the batch shape changes (length buckets): freed memory no longer kept")
         assert said == (1 if name == "two" else 0), (name, said)
     assert calls == list(host_memory.GLIBC_DEFAULTS) and host_memory._keeping is False
+
+
+class Recorder:
+    """A training hook that records its calls (a plain class with the four methods, as the runtime's hooks are)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def on_start(self, step, say):
+        self.calls.append(("start", step))
+
+    def before_step(self, step, batch):
+        self.calls.append(("before", step, batch["inputs"].shape[-2:]))
+
+    def on_step(self, step, metrics):
+        self.calls.append(("step", step, sorted(k for k in ("loss", "grad_norm") if k in metrics)))
+
+    def on_end(self, step):
+        self.calls.append(("end", step))
+
+
+def test_the_loop_calls_its_hooks_in_order_with_the_step_numbers(files, tmp_path):
+    """Each hook: on_start with the steps already done, before_step / on_step with each step's 1-based number,
+    on_end with the steps done; a resumed run starts at its checkpoint's step."""
+    cfg = TrainConfig(name="hooks", model=TINY, mode="full", train_data=(files["lm"],), tokenizer=files["tok"],
+                      seq_len=64, packing="pack", global_batch=8, steps=4, lr=1e-3, eval_fraction=0.05,
+                      workdir=str(tmp_path / "hooks"), mesh=MeshConfig(data=8, fsdp=1, tensor=1), progress=False,
+                      async_checkpoint=False)
+    first, second = Recorder(), Recorder()
+    assert loop.run(cfg, stop_after=2, hooks=[first]).step == 2
+    assert loop.run(cfg, hooks=[second]).step == 4
+
+    def steps(a, b):
+        return [c for s in range(a, b + 1) for c in (("before", s, (8, 64)), ("step", s, ["grad_norm", "loss"]))]
+
+    assert first.calls == [("start", 0), *steps(1, 2), ("end", 2)]
+    assert second.calls == [("start", 2), *steps(3, 4), ("end", 4)]

@@ -23,7 +23,7 @@ import numpy as np
 from memllm_jax.bench import ceiling, roofline
 from memllm_jax.bench.timing import interleaved, markdown_table, ratio_row, samples_line
 from memllm_jax.bench.workers import Spec, interleaved_in_workers
-from memllm_jax.train.host_memory import keep_freed_memory
+from memllm_jax.runtime.host_memory import keep_freed_memory
 
 OMP_PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
 """`--omp-passive`: torch's OpenMP threads sleep at once when they wait instead of spinning first. Not the
@@ -52,14 +52,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also time our step with logits at every position (TrainConfig.sparse_head=False)")
     parser.add_argument("--default-malloc", action="store_true",
                         help="leave glibc malloc as it is, as a process that does not call "
-                             "train.host_memory.keep_freed_memory (as `memllm train` does) runs")
+                             "runtime.host_memory.keep_freed_memory (as `memllm train` does on a CPU host) runs")
     parser.add_argument("--omp-passive", action="store_true",
                         help="set OMP_WAIT_POLICY=PASSIVE for torch (hf+peft): its OpenMP threads sleep instead of "
                              "spinning while they wait (under CPU load, with --allow-load, the default spinning "
                              "slowed the torch step several-fold)")
     parser.add_argument("--peer-keeps-freed-memory", action="store_true",
                         help="give HF + PEFT's worker the same malloc setting as ours "
-                             "(train.host_memory.keep_freed_memory); by default it runs with glibc's defaults")
+                             "(runtime.host_memory.keep_freed_memory); by default it runs with glibc's defaults")
     parser.add_argument("--same-process", action="store_true",
                         help="run every contender in this one process (the old way) instead of each in its own")
 
@@ -224,7 +224,7 @@ def main(args: argparse.Namespace) -> int:
     where = ("for every contender of this process" if args.same_process else
              "in memllm_jax's workers" + ("" if args.no_peer else " and in hf+peft's" if args.peer_keeps_freed_memory
                                           else ", glibc malloc defaults in hf+peft's"))
-    print("host memory: " + (f"freed memory kept for reuse (train.host_memory.keep_freed_memory, as in `memllm "
+    print("host memory: " + (f"freed memory kept for reuse (runtime.host_memory.keep_freed_memory, as in `memllm "
                              f"train`; {where})" if kept else "glibc malloc defaults"))
     if not args.no_peer:
         print(f"hf+peft: {args.threads or os.cpu_count()} torch threads, OpenMP wait policy "

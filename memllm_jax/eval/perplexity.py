@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from memllm_jax import protocol
-from memllm_jax.compiled_code import release_if_many_mappings
+from memllm_jax.runtime.compiled_code import release_if_many_mappings
 from memllm_jax.eval.mixture import SpanNLL, corpus_perplexities, mix_logprobs, span_nll
 from memllm_jax.eval.records import EncodedDoc
 from memllm_jax.eval.scoring import GreedyGenerator, Scorer
@@ -246,7 +246,7 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
         if progress:
             progress(f"  round {round_no}: {len(reads)} reads, {len(to_score) - len(extensions)} with results"
                      + (f", {len(extensions)} scored further" if extensions else ""))
-        release_if_many_mappings(progress)  # each round may compile new shapes (compiled_code.py)
+        release_if_many_mappings(progress)  # each round may compile new shapes (runtime/compiled_code.py)
 
     per_doc, nlls, traces = [], [], []
     for s in states:

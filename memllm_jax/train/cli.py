@@ -18,10 +18,15 @@ plots and JSON by process 0).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.util
 import json
 import os
+
+from memllm_jax import runtime
+from memllm_jax.settings import check_tree, override
+from memllm_jax.train.config import TrainConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,9 +63,6 @@ def load_config_module(spec: str):
 def resolve_config(spec: str, assignments: list[str], point: str | None = None, part: str | None = None):
     """The checked `TrainConfig`: the config module's, with `point`'s sweep assignments (to the whole config), the
     part at `part`, then `assignments` (to the training config)."""
-    from memllm_jax.settings import check_tree, override
-    from memllm_jax.train.config import TrainConfig
-
     module = load_config_module(spec)
     cfg = module.get_config()
     if point is not None:
@@ -82,9 +84,8 @@ def resolve_config(spec: str, assignments: list[str], point: str | None = None, 
 
 
 def main(args: argparse.Namespace) -> int:
-    from memllm_jax.train.host_memory import keep_freed_memory
-
-    keep_freed_memory()  # before JAX starts: the steps reuse their temporary buffers' pages
+    if runtime.keep_freed_memory_default():
+        runtime.keep_freed_memory()  # before JAX starts: the steps reuse their temporary buffers' pages
     explicit = (args.coordinator, args.num_processes, args.process_id)
     if any(x is not None for x in explicit) and not args.distributed:
         raise SystemExit("--coordinator / --num-processes / --process-id: only with --distributed")
@@ -94,8 +95,6 @@ def main(args: argparse.Namespace) -> int:
         initialize_distributed(*explicit)
     cfg = resolve_config(args.config, args.set, args.point, args.part)
     if args.print_config:
-        import dataclasses
-
         print(json.dumps(dataclasses.asdict(cfg), indent=1))
         return 0
     from memllm_jax.train.loop import NonFiniteLoss, run

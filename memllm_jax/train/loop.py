@@ -3,11 +3,12 @@
 Pretraining (mode "full") and LoRA finetuning (mode "lora") share one loop: build the mesh and the model
 (random, from a `params/` directory of an earlier run, or from an HF directory), the grain batch iterator,
 the jitted step; resume from the latest checkpoint in `workdir/ckpt` (train state + iterator position);
-train with a progress bar, metrics, periodic held-out evaluation and checkpoints; stop with `NonFiniteLoss`
-(checkpoints written so far are kept) when the loss or gradient norm is NaN/Inf. At the end the trained
-model goes to `workdir/model` as a model checkpoint (`memllm_jax.checkpoint`: the full model, or in LoRA mode
-the adapter plus a reference to the base it was trained on, with the tokenizer beside it) and the loss curves
-to `workdir/loss.png`.
+train with a progress bar, metrics, periodic held-out evaluation and checkpoints, calling the hooks this host
+needs and the caller's around each step (`train.hooks`; on a CPU host the runtime's, `memllm_jax.runtime`); stop
+with `NonFiniteLoss` (checkpoints written so far are kept) when the loss or gradient norm is NaN/Inf. At the end
+the trained model goes to `workdir/model` as a model checkpoint (`memllm_jax.checkpoint`: the full model, or in
+LoRA mode the adapter plus a reference to the base it was trained on, with the tokenizer beside it) and the loss
+curves to `workdir/loss.png`.
 """
 
 from __future__ import annotations
@@ -18,21 +19,26 @@ import math
 import os
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Iterable
 
 import jax
 import numpy as np
 
+from memllm_jax import runtime
+from memllm_jax.checkpoint import save_params
 from memllm_jax.errors import InputError
 from memllm_jax.files import atomic_write_json
+from memllm_jax.sharding import make_mesh
 from memllm_jax.sources import base_reference, build_model, open_model
+from memllm_jax.tokenizer import load_tokenizer
 from memllm_jax.train import data as D
 from memllm_jax.train import step as S
 from memllm_jax.train.checkpoint import Checkpointer
 from memllm_jax.train.config import TrainConfig, resume_conflicts, validate
-from memllm_jax.train.host_memory import StepRise, release_if_memory_low, stop_keeping_freed_memory
+from memllm_jax.train.hooks import HookList
 from memllm_jax.train.metrics import MetricsLogger
 from memllm_jax.train.optimizer import make_optimizer, schedule
+from memllm_jax.train.plots import plot_loss
 
 
 class NonFiniteLoss(RuntimeError):
@@ -97,12 +103,6 @@ def enable_compilation_cache(cfg: TrainConfig) -> str | None:
     return path
 
 
-def _load_tokenizer(path: str):
-    from memllm_jax.tokenizer import load_tokenizer
-
-    return load_tokenizer(path)
-
-
 def _abstract(tree):
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=getattr(a, "sharding", None)), tree)
 
@@ -140,13 +140,12 @@ def _check_resumable(workdir: str, cfg: TrainConfig) -> None:
 # ----------------------------------------------------------------------------------------------- run
 
 
-def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
+def run(cfg: TrainConfig, *, stop_after: int | None = None, hooks: Iterable[Any] = ()) -> TrainResult:
     """Train (or resume) according to `cfg`. `stop_after=k` ends the run after step k as if it were killed
-    there (checkpoint written, no final export) - used to test resumption."""
+    there (checkpoint written, no final export) - used to test resumption. `hooks` (`train.hooks.TrainHook`)
+    are called after those this host needs (`runtime.for_this_host()`: none on an accelerator)."""
     validate(cfg)
     t0 = time.perf_counter()
-    from memllm_jax.sharding import make_mesh
-
     workdir = os.path.abspath(cfg.workdir)
     os.makedirs(workdir, exist_ok=True)
     enable_compilation_cache(cfg)
@@ -158,7 +157,7 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
         raise ValueError(f"TrainConfig.global_batch/micro_batches={rows} is not divisible by data*fsdp={dp} "
                          f"and the process count {pcount}")
 
-    tok = _load_tokenizer(cfg.tokenizer)
+    tok = load_tokenizer(cfg.tokenizer)
     if cfg.mode == "lora" and cfg.train_markers:
         ids = tuple(sorted(set(cfg.lora.trainable_tokens) | set(tok.marker_id.values())))
         cfg = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, trainable_tokens=ids))
@@ -230,23 +229,21 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
         loss = loss_sum / max(n, 1.0)
         return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)), "loss_tokens": n}
 
+    hooks = HookList([*runtime.for_this_host(), *hooks])
     last_metrics: dict[str, float] = {}
     last_eval = None
-    stopped = False
+    stopped = started = False
+    done = start
     try:
         if cfg.eval_every and start == 0 and total > 0:
             last_eval = evaluate()
             if last_eval:
                 logger.log(0, last_eval, kind="eval")
-        last_shape = None
-        rise, releases = StepRise(), 0
+        hooks.on_start(start, logger.write)
+        started = True
         for step in range(start, total):
             local = next(iterator)
-            shape = tuple(sorted((k, v.shape) for k, v in local.items()))
-            if last_shape not in (None, shape) and stop_keeping_freed_memory():  # (train.host_memory)
-                logger.write(f"step {step + 1}: the batch shape changes (length buckets): freed memory no longer "
-                             "kept for reuse (glibc's malloc defaults from here on)")
-            last_shape = shape
+            hooks.before_step(step + 1, local)
             state, m = train_step(state, split.frozen, S.to_global(local, mesh))
             m = {k: float(v) for k, v in jax.device_get(m).items()}
             done = step + 1
@@ -260,14 +257,7 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
                     + ". Try a lower TrainConfig.lr, more warmup_steps, or clip_norm."
                 )
             last_metrics = m
-            # The kept heap's fragments and jumps (train.host_memory) must not exhaust the host.
-            if release_if_memory_low(need_bytes=rise.need_bytes()):
-                rise.released()
-                releases += 1
-                if releases in (1, 10, 100):
-                    logger.write(f"step {done}: host memory low, freed memory kept for reuse given back (malloc_trim; "
-                                 f"{releases} time{'s' if releases > 1 else ''} so far; a step rose by up to "
-                                 f"{rise.largest / 1e9:.1f} GB)")
+            hooks.on_step(done, m)
             logger.count_tokens(int(local["attn_mask"].sum()) * pcount)
             logger.step(done, m, write=done % cfg.log_every == 0 or done == total)
             if cfg.eval_every and done % cfg.eval_every == 0 and done != total:
@@ -290,11 +280,11 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None) -> TrainResult:
                 ckpt.save(total, state, iterator.get_state())
             model_dir = export_model(cfg, S.merge(split, params=state.params, rngs=state.rngs), total, workdir)
             if pidx == 0:
-                from memllm_jax.train.plots import plot_loss
-
                 plot_path = plot_loss([logger.path], os.path.join(workdir, "loss.png"), labels=[cfg.name])
         ckpt.wait()
     finally:
+        if started:
+            hooks.on_end(done)
         logger.close()
         ckpt.close()
     unigram = _unigram_loss(corpus, eval_corpus, getattr(tok, "vocab_size", cfg.model.vocab_size))
@@ -322,8 +312,6 @@ def train(cfg: TrainConfig) -> dict[str, Any]:
 def export_model(cfg: TrainConfig, model, step: int, workdir: str) -> str:
     """Write the trained `model` to `workdir/model` (a model checkpoint with the tokenizer beside it): in LoRA
     mode on top of `init_checkpoint` the adapter and a reference to that base, otherwise every parameter."""
-    from memllm_jax.checkpoint import save_params
-
     base = None
     if cfg.mode == "lora" and cfg.init_checkpoint:
         base = base_reference(cfg.init_checkpoint, model.cfg.vocab_size)

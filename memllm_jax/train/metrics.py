@@ -16,7 +16,7 @@ from typing import Any
 import jax
 
 from memllm_jax.files import atomic_write_text
-from memllm_jax.train.host_memory import process_memory_gb
+from memllm_jax.runtime.host_memory import process_memory_gb
 
 
 class MetricsLogger:

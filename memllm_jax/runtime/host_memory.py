@@ -13,17 +13,18 @@ several jobs in turn (`memllm run`'s stages) calls `release_freed_memory` betwee
 embedded default's pipeline held 18.5 GB of a 24 GB host after its two training stages, of which `malloc_trim`
 released 16.4 GB (2.1 GB live).
 
-The kept heap also holds on to fragments: a job whose steps change shape (length buckets, evaluation batches)
-can grow it well past one step's need: the SmolLM2 memory-read adapter at 8 x 512 tokens with buckets (256, 512)
-was killed by the kernel at 24 GB after 13 steps on a 24 GB host. The training loop therefore calls
-`release_if_memory_low` after every step: when the host's available memory falls below a quarter of its total,
-the kept free pages are given back (the next step faults its buffers in once, as without the setting). That check
-comes too late for a step that grows the heap by more than the margin: with buckets (256, 512) at 8 x 512, the
-memory-write adapter went from 16 GB to 24.4 GB within one step after alternating shapes (its free blocks the wrong
-sizes for the next step's buffers) and was killed. Giving the pages back at every change of shape kept it alive
-but at 25 s per step (half its steps changed shape), slower than glibc's defaults (17-20 s). So the kept heap is
-for runs of one batch shape: at the first change of shape the loop calls `stop_keeping_freed_memory`, which
-restores glibc's defaults for the rest of the process and gives the kept pages back.
+The kept heap also holds on to fragments: a job whose steps change shape (length buckets, evaluation batches) can
+grow it well past one step's need: the SmolLM2 memory-read adapter at 8 x 512 tokens with buckets (256, 512) was
+killed by the kernel at 24 GB after 13 steps on a 24 GB host. The training loop's host-memory hook
+(`runtime.train_hook.HostMemoryHook`) therefore calls `release_if_memory_low` after every step: when the host's
+available memory falls below a quarter of its total, the kept free pages are given back (the next step faults its
+buffers in once, as without the setting). That check comes too late for a step that grows the heap by more than the
+margin: with buckets (256, 512) at 8 x 512, the memory-write adapter went from 16 GB to 24.4 GB within one step
+after alternating shapes (its free blocks the wrong sizes for the next step's buffers) and was killed. Giving the
+pages back at every change of shape kept it alive but at 25 s per step (half its steps changed shape), slower than
+glibc's defaults (17-20 s). So the kept heap is for runs of one batch shape: at the first change of shape the hook
+calls `stop_keeping_freed_memory`, which restores glibc's defaults for the rest of the process and gives the kept
+pages back.
 Runs of one shape jump too, rarely: a step's buffers can miss the hole the last step's left and come from fresh
 memory (`StepRise`; 14.0 -> 24.4 GB within one step, killed). So the pages are also given back whenever the
 host's available memory is below 1.25 x the largest rise of the process's resident memory over one step seen so

@@ -13,8 +13,8 @@ process, the Table 2 stage peaked at ~27,500 mappings in that row (its scorers' 
 the row's end), so the earlier stages had left at least ~38,000.
 
 `release_if_many_mappings` drops every compiled executable (`jax.clear_caches`) once the process holds more than
-half the cap. The pipeline calls it after each stage, and Table 2 after each read round. Shapes still in use
-compile again, from the persistent compilation cache when one is set.
+half the cap. The pipeline calls it after each stage (`runtime.after_stage`), and Table 2 after each read round.
+Shapes still in use compile again, from the persistent compilation cache when one is set.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def release_if_many_mappings(say: Callable[[str], None] | None = None, fraction:
     limit, count = mapping_limit(), mapping_count()
     if limit is None or count is None or count <= fraction * limit:
         return False
-    import jax
+    import jax  # here, not at the top: `memllm run --help` imports the runtime, and must not wait for jax
 
     jax.clear_caches()
     gc.collect()
