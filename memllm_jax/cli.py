@@ -126,8 +126,12 @@ class CommandParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         refused = re.fullmatch(r"argument (\S+): (.*)", message, flags=re.S)  # argparse: "argument -b/--batch: ..."
-        if refused:
-            raise SystemExit(f"{refused.group(1).split('/')[-1]} {refused.group(2)}")
+        if refused and refused.group(1).startswith("-"):
+            option, problem = refused.group(1).split("/")[-1], refused.group(2)
+            # memllm_jax.options says "<value>: must be ...": "--batch-size 0: must be a positive integer"
+            raise SystemExit(f"{option} {problem}" if ": must be " in problem else f"{option}: {problem}")
+        if refused:  # a positional argument: its name is internal
+            message = refused.group(2)
         raise SystemExit(f"{self.prog}: {message} (see {self.prog} --help)")
 
 

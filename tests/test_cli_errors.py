@@ -477,6 +477,10 @@ def test_argument_errors_are_one_line(tmp_path, capsys):
     assert err == "error: memllm memory: the following arguments are required: action (see memllm memory --help)\n"
     assert main(["generate", "--model", "m", "--top-p", "0", "hi"]) == 2
     assert capsys.readouterr().err == "error: --top-p 0: must be in (0, 1]\n"
+    assert main(["data", "synth", "--out", "x.json", "--docs", "x"]) == 2
+    assert capsys.readouterr().err == "error: --docs: invalid int value: 'x'\n"
+    assert main(["memory", "frobnicate"]) == 2
+    assert capsys.readouterr().err.startswith("error: memllm memory: invalid choice: 'frobnicate' (choose from 'create'")
 
 
 def test_memory_help_lists_write_and_merge_without_jax():
