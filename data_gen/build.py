@@ -28,6 +28,12 @@ from data_gen.write_examples import (context_free_items, iter_write_items, quest
 from memllm_jax import protocol as P
 
 
+KINDS = ("write", "read", "eval", "lm")
+"""The kinds of examples `build_all` builds, each into `<kind>.jsonl` (or `.array_record`), plus `coverage.jsonl`
+with the write examples and `stats.json`; a build removes these files left by an earlier build into the same
+folder that it did not write itself, so the folder holds one build."""
+
+
 class ArrayRecordOut:
     """Atomic ArrayRecord writer of JSON records (grain's `ArrayRecordDataSource` reads it)."""
 
@@ -118,7 +124,8 @@ def build_all(input_path: str, out_dir: str, labels: Mapping[str, str], *, kinds
     """Build the `kinds` of examples from `input_path` into `out_dir` by the recipes; `write.counterfactual` /
     `read.counterfactual` counterfactual variants of every document (`data_gen.counterfactual`, paper §4.1) add
     to the write / read examples, each record marked with its `"variant"`. Reads are answered from the corpus's
-    gold triples unless `query_fn_factory` gives another memory."""
+    gold triples unless `query_fn_factory` gives another memory. After a successful build, the example files of an
+    earlier build in `out_dir` that this one did not write are removed (see KINDS)."""
     out = pathlib.Path(out_dir)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
@@ -166,6 +173,11 @@ def _build_all(input_path: str, out: pathlib.Path, labels: Mapping[str, str], ki
         stats.seconds = time.perf_counter() - t0
         with atomic_open(out / "stats.json") as f:
             json.dump(stats.to_json(), f, indent=1)
+    written = {w.path.name for w in writers.values()}
+    for kind in KINDS + ("coverage",):  # an earlier build's outputs this one did not replace
+        for stale in (out / f"{kind}.jsonl", out / f"{kind}.array_record"):
+            if stale.name not in written:
+                stale.unlink(missing_ok=True)
     return stats
 
 

@@ -18,7 +18,9 @@ MEMLLM_LABELS = DEFAULT_REL_INFO.parent / "rel_labels_memllm.json"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="data_command", required=True)
     s = sub.add_parser("synth", help="write a synthetic DocRED-format corpus (and its rel_info.json)")
-    s.add_argument("--out", required=True, help="output .json (a DocRED array) or .jsonl")
+    s.add_argument("--out", required=True,
+                   help="output .json (a DocRED array) or .jsonl; the relation labels go to rel_info.json beside it, "
+                        "which is refused when a different rel_info.json is already there")
     s.add_argument("--docs", type=int, default=1000)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--persons", type=int, default=None, help="world size (default docs // 2, in [40, 50000])")
@@ -26,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     b = sub.add_parser("build", help="build write / read / eval examples from a DocRED-format corpus")
     b.add_argument("--input", required=True, help="DocRED-format .json array or .jsonl")
-    b.add_argument("--out", required=True, help="output directory")
+    b.add_argument("--out", required=True,
+                   help="output directory (an earlier build's example files there are replaced or removed)")
     b.add_argument("--kinds", default="write,read,eval", help="comma list of write, read, eval, lm")
     b.add_argument("--labels", default=None,
                    help="relation labels: a JSON file, 'docred' (rel_info.json) or 'memllm' (rel_labels_memllm.json); "
@@ -124,6 +127,10 @@ def _synth(args) -> int:
         raise InputError(f"--docs {args.docs}: a corpus needs at least one document")
     t0 = time.perf_counter()
     out = pathlib.Path(args.out)
+    rel_info = out.parent / "rel_info.json"
+    if rel_info.exists() and _json_or_none(rel_info) != synthetic_rel_info():  # e.g. DocRED's labels
+        raise InputError(f"{rel_info}: a different relation label file is already there (the synthetic corpus "
+                         f"writes its own rel_info.json beside --out); choose another folder or remove it")
     n_sent = n_rel = n_pron = 0
     writer = JsonlWriter(out) if out.suffix == ".jsonl" else JsonArrayWriter(out)
     with writer as w:
@@ -132,14 +139,23 @@ def _synth(args) -> int:
             n_sent += len(doc["sents"])
             n_rel += len(doc["labels"])
             n_pron += sum(m["name"].lower() in ("he", "she", "it", "his", "her", "its") for e in doc["vertexSet"] for m in e)
-    with atomic_open(out.parent / "rel_info.json") as f:
-        json.dump(synthetic_rel_info(), f, indent=1)
+    wrote = f"{out}" if rel_info.exists() else f"{out} and {rel_info}"  # an equal rel_info.json stays as it is
+    if not rel_info.exists():
+        with atomic_open(rel_info) as f:
+            json.dump(synthetic_rel_info(), f, indent=1)
     dt = time.perf_counter() - t0
     print(f"## synthetic corpus ({args.style}, seed {args.seed})\n\n| statistic | value |\n|---|---|\n"
           f"| documents | {args.docs} |\n| sentences per document | {n_sent / max(args.docs, 1):.2f} |\n"
           f"| relations per document | {n_rel / max(args.docs, 1):.2f} |\n| pronoun mentions | {n_pron} |\n"
-          f"| relation types | {len(synthetic_rel_info())} |\n| seconds | {dt:.2f} |\n\nwrote {out} and {out.parent / 'rel_info.json'}")
+          f"| relation types | {len(synthetic_rel_info())} |\n| seconds | {dt:.2f} |\n\nwrote {wrote}")
     return 0
+
+
+def _json_or_none(path: pathlib.Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def _query_fn(args, docs_iter_factory, labels):
@@ -168,7 +184,7 @@ def _build(args) -> int:
 
     labels = _labels(args.labels, args.input)
     kinds = {k.strip() for k in args.kinds.split(",") if k.strip()}
-    bad = kinds - {"write", "read", "eval", "lm"}
+    bad = kinds - set(build.KINDS)
     if bad:
         raise SystemExit(f"--kinds: unknown kind(s) {sorted(bad)}")
     write = WriteRecipe(pretext_sentences=args.pretext_sentences, context_free=args.context_free,

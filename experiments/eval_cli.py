@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import pathlib
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from experiments import run
 
+    if not pathlib.Path(args.out).is_dir():  # checked before the config loads and the evaluation starts
+        raise SystemExit(f"--out {args.out}: no pipeline output directory there (run `memllm run --out {args.out}` "
+                         f"first)")
     ns = argparse.Namespace(config=args.config, out=args.out, set=args.set, sweep=False, stage=[args.what, "report"],
                             force=True, print_config=False, dry_run=False)
     return run.main(ns)

@@ -22,6 +22,7 @@ import jax
 from flax import nnx
 
 from memllm_jax.config import LoraConfig, ModelConfig
+from memllm_jax.files import naming
 
 BASE, LORA, CONFIG = "base", "lora", "config"
 
@@ -92,7 +93,11 @@ def save_tokenizer(tokenizer: str | os.PathLike, directory: str | os.PathLike) -
     out = pathlib.Path(directory) / TOKENIZER
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    load_tokenizer(tokenizer).save(tmp)
+    try:
+        load_tokenizer(tokenizer).save(tmp)
+    except OSError as exc:  # name the tokenizer folder asked for, not its temp name
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise naming(exc, out) from exc
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out

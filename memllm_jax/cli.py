@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -89,14 +90,63 @@ SUBCOMMANDS: dict[tuple[str, str], tuple[str, str]] = {
 """Subcommands living in a module other than their command's (so `memllm memory --help` never imports jax)."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless it has none (None, an off flag) or the help names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if _shows_default(action) and "(default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+def _shows_default(action: argparse.Action) -> bool:
+    default = action.default
+    return (bool(action.option_strings) and action.help is not argparse.SUPPRESS
+            and not any(default is off for off in (None, False, argparse.SUPPRESS)) and default != [])
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of one command: its help shows defaults, and a refused argument is one line and exit 2 like
+    any other input error (`--batch-size 0: must be a positive integer`; see memllm_jax/options.py)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.subcommands: argparse.Action | None = None
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        if action.help is None and _shows_default(action):  # no help text: still say the default
+            action.help = "(default: %(default)s)"
+        return action
+
+    def add_subparsers(self, **kwargs):
+        self.subcommands = super().add_subparsers(**kwargs)
+        return self.subcommands
+
+    def error(self, message: str):
+        refused = re.fullmatch(r"argument (\S+): (.*)", message, flags=re.S)  # argparse: "argument -b/--batch: ..."
+        if refused and refused.group(1).startswith("-"):
+            option, problem = refused.group(1).split("/")[-1], refused.group(2)
+            # memllm_jax.options says "<value>: must be ...": "--batch-size 0: must be a positive integer"
+            raise SystemExit(f"{option} {problem}" if ": must be " in problem else f"{option}: {problem}")
+        if refused:  # a positional argument: its name is internal
+            message = refused.group(2)
+        raise SystemExit(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
 def _run(name: str, rest: list[str]) -> int:
     module_name, help_text = COMMANDS[name]
     if (name, rest[0] if rest else "") in SUBCOMMANDS:
         module_name, help_text = SUBCOMMANDS[(name, rest[0])]
         name, rest = f"{name} {rest[0]}", rest[1:]
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"memllm {name}", description=help_text)
+    parser = CommandParser(prog=f"memllm {name}", description=help_text)
     module.add_arguments(parser)
+    for (command, sub), (_, sub_help) in SUBCOMMANDS.items():  # listed in the command's help, run by their module
+        if command == name and parser.subcommands is not None:
+            parser.subcommands.add_parser(sub, help=sub_help, add_help=False)
     args = parser.parse_args(rest)
     result = module.main(args)
     return int(result or 0)

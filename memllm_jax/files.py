@@ -9,6 +9,7 @@ stage stamp or memory table behind.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import pathlib
@@ -21,8 +22,13 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
     """`with atomic_open(path) as f: ...`: a temp file beside `path` ("w": UTF-8 text, "wb": bytes) that replaces
     `path` when the block ends without an exception, and is removed when it raises."""
     path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a file to write", str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)  # its errors name the folder
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise naming(exc, path) from exc
     try:
         with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
@@ -30,10 +36,20 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[Any]:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename in (None, tmp):  # a full disk, a failed rename: the target
+            raise naming(exc, path) from exc
         raise
+
+
+def naming(exc: OSError, target: str | os.PathLike) -> OSError:
+    """`exc` (raised while writing a temp file or directory for `target`) as the same error naming `target`, so a
+    message speaks of the file the user asked for, not of a temp name they never gave."""
+    if exc.errno is None:
+        return OSError(f"{target}: {exc}")
+    return type(exc)(exc.errno, exc.strerror, str(target))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -44,3 +60,20 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def atomic_write_json(path: str | os.PathLike, obj: Any, **dumps_kwargs: Any) -> None:
     """`obj` as JSON (`json.dumps(obj, **dumps_kwargs)`) and a final newline."""
     atomic_write_text(path, json.dumps(obj, **dumps_kwargs) + "\n")
+
+
+def check_writable(path: str | os.PathLike, directory: bool = False) -> None:
+    """Refuse, before any long work, an output that could not be written: a directory where a file goes (or a
+    file where a directory goes), or a folder that cannot be created or written. An OSError naming the path."""
+    path = pathlib.Path(path)
+    if not directory and path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a file to write", str(path))
+    if directory and path.exists() and not path.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
+    parent = path if directory and path.is_dir() else path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory (cannot hold the output)", str(parent))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "no permission to write here", str(parent))

@@ -79,6 +79,8 @@ def identify(path: str | os.PathLike) -> Source:
 
     given = str(path)
     if given in PACKAGED or is_gguf(given):
+        if given not in PACKAGED and os.path.isdir(given):
+            raise InputError(f"{given}: is a directory, not a .gguf file")
         if given not in PACKAGED and not os.path.isfile(given):
             raise InputError(f"{given}: no such file")
         hf = resolve_model_dir(given)

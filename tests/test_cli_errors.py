@@ -6,6 +6,7 @@ two in step. Cases run `memllm_jax.cli.main` in-process; `test_subprocess_*` che
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
@@ -196,6 +197,7 @@ def generate_model_without_tokenizer(tmp, mp):
 
 def memory_write_not_a_model(tmp, mp):
     (tmp / "notmodel").mkdir()
+    (tmp / "c.jsonl").write_text('{"text": "Ann lives in Ulm."}\n')
     return (["memory", "write", "--model", str(tmp / "notmodel"), "--corpus", "c.jsonl", "--memory", "mem"],
             "notmodel: not a model (expected a model checkpoint (<step>/config), a training workdir")
 
@@ -210,7 +212,7 @@ def memory_write_no_token_budget(tmp, mp):
 
     mp.setattr(io, "load_model", lambda model, tokenizer: (object(), object()))  # refused before the model is used
     return (["memory", "write", "--model", "m", "--corpus", "c.jsonl", "--memory", "mem", "--max-new-tokens", "0"],
-            "--max-new-tokens 0: must be at least 1")
+            "--max-new-tokens 0: must be a positive integer")
 
 
 def memory_write_ban_repeats_unusable_tokenizer(tmp, mp):
@@ -218,6 +220,7 @@ def memory_write_ban_repeats_unusable_tokenizer(tmp, mp):
     from memllm_jax.decode.scripted import CharTokenizer
 
     mp.setattr(io, "load_model", lambda model, tokenizer: (object(), CharTokenizer()))  # `>>` is two tokens here
+    (tmp / "c.jsonl").write_text('{"text": "Ann lives in Ulm."}\n')
     return (["memory", "write", "--model", "m", "--corpus", "c.jsonl", "--memory", "mem", "--ban-repeats", "2"],
             "--ban-repeats 2: repeated-item bans need")
 
@@ -243,17 +246,20 @@ def convert_unfinished_run(tmp, mp):
 
 
 def eval_missing_config(tmp, mp):
+    (tmp / "run").mkdir()
     return ["eval", "table2", "--out", str(tmp / "run"), "--config", str(tmp / "nope.py")], "nope.py: config file not found"
 
 
 def eval_zsre_truncated(tmp, mp):
     zsre = _write_bytes(tmp, "zsre.json", b'[{"src": "Who is', )
+    (tmp / "run").mkdir()
     return (["eval", "editing", "--out", str(tmp / "run"), "--set", f"editing.records={zsre}"],
             "zsre.json: invalid JSON: Unterminated string starting at: line 1 column 10 (char 9); the file ends")
 
 
 def eval_zsre_missing_field(tmp, mp):
     zsre = _write_bytes(tmp, "zsre.json", json.dumps([{"src": "Q?", "rephrase": "Q2?", "alt": "A"}]).encode())
+    (tmp / "run").mkdir()
     return (["eval", "editing", "--out", str(tmp / "run"), "--set", f"editing.records={zsre}"],
             "zsre.json: record 0: field 'loc' missing")
 
@@ -298,6 +304,89 @@ def model_size_bad_mesh(tmp, mp):
 
 def model_size_unknown_preset(tmp, mp):
     return ["model-size", "--preset", "huge"], "--preset 'huge': choose one of"
+
+
+def memory_create_bad_hash_dim(tmp, mp):
+    return ["memory", "create", str(tmp / "mem"), "--encoder", "hash:0"], "--encoder hash:0: DIM of hash:DIM must be a positive"
+
+
+def memory_import_seq_too_large(tmp, mp):
+    assert main(["memory", "create", str(tmp / "mem"), "--encoder", "hash:8"]) == 0
+    bad = _write_bytes(tmp, "t.jsonl", b'{"subject": "Ann", "relation": "r", "object": "Ulm", "seq": 100000000000000000000}\n')
+    return ["memory", "import", str(tmp / "mem"), str(bad)], "t.jsonl:1: field 'seq' must be in 0..4611686018427387903"
+
+
+def memory_query_nan_threshold(tmp, mp):
+    return ["memory", "query", str(tmp / "mem"), "Ann>>r>>", "--tau-e", "nan"], "--tau-e nan: must be a finite number"
+
+
+def memory_empty_current(tmp, mp):
+    assert main(["memory", "create", str(tmp / "mem"), "--encoder", "hash:8"]) == 0
+    (tmp / "mem" / "CURRENT").write_text("")
+    return ["memory", "stats", str(tmp / "mem")], "CURRENT: CURRENT is empty"
+
+
+def memory_write_batch_size_zero(tmp, mp):
+    return (["memory", "write", "--model", "m", "--corpus", "c.jsonl", "--memory", "mem", "--batch-size", "0"],
+            "--batch-size 0: must be a positive integer")
+
+
+def memory_write_corpus_missing(tmp, mp):  # refused before the model (which does not exist either) loads
+    return (["memory", "write", "--model", "nomodel", "--corpus", "nope.jsonl", "--memory", "mem"],
+            "nope.jsonl: no such file")
+
+
+def model_size_negative_lora_rank(tmp, mp):
+    return ["model-size", "--lora-rank", "-3"], "--lora-rank -3: must be a non-negative integer"
+
+
+def generate_batch_size_zero(tmp, mp):  # an argument error, before the (missing) model is looked at
+    return ["generate", "--model", "nomodel", "--batch-size", "0", "hi"], "--batch-size 0: must be a positive integer"
+
+
+def generate_max_new_tokens_negative(tmp, mp):
+    return (["generate", "--model", "nomodel", "--max-new-tokens", "-5", "hi"],
+            "--max-new-tokens -5: must be a positive integer")
+
+
+def generate_temperature_nan(tmp, mp):
+    return ["generate", "--model", "nomodel", "--temperature", "nan", "hi"], "--temperature nan: must be a finite number"
+
+
+def generate_memory_not_a_memory(tmp, mp):  # checked before the (missing) model is looked at
+    return ["generate", "--model", "nomodel", "--memory", str(tmp / "nomem"), "hi"], "nomem: no memory there"
+
+
+def generate_html_is_a_directory(tmp, mp):
+    (tmp / "page").mkdir()
+    return (["generate", "--model", "nomodel", "--html", str(tmp / "page"), "hi"],
+            "page: is a directory, not a file to write")
+
+
+def generate_gguf_is_a_directory(tmp, mp):
+    (tmp / "x.gguf").mkdir()
+    return ["generate", "--model", str(tmp / "x.gguf"), "hi"], "x.gguf: is a directory, not a .gguf file"
+
+
+def chat_memory_is_a_file(tmp, mp):
+    (tmp / "mem").write_text("")
+    return ["chat", "--model", "nomodel", "--memory", str(tmp / "mem")], "mem: not a directory"
+
+
+def chat_max_new_tokens_zero(tmp, mp):
+    return (["chat", "--model", "nomodel", "--memory", "mem", "--max-new-tokens", "0"],
+            "--max-new-tokens 0: must be a positive integer")
+
+
+def data_synth_other_rel_info(tmp, mp):
+    (tmp / "d").mkdir()
+    (tmp / "d" / "rel_info.json").write_text('{"P17": "country"}')
+    return (["data", "synth", "--out", str(tmp / "d" / "x.json"), "--docs", "2"],
+            "rel_info.json: a different relation label file is already there")
+
+
+def eval_out_missing(tmp, mp):
+    return ["eval", "table2", "--out", str(tmp / "norun")], "--out " + str(tmp / "norun") + ": no pipeline output directory"
 
 
 CASES = {name.replace("_", "-"): fn for name, fn in list(globals().items())
@@ -358,3 +447,94 @@ def test_docs_table_lists_every_case():
     text = (ROOT / "docs" / "errors.md").read_text()
     documented = re.findall(r"^\| `([a-z0-9-]+)` \|", text, flags=re.M)
     assert sorted(documented) == sorted(CASES)
+
+
+@pytest.mark.parametrize("spec", ["hash:0", "hash:-1", "hash:abc", "nodir"])
+def test_a_refused_encoder_creates_no_memory_folder(spec, tmp_path, capsys):
+    assert main(["memory", "create", str(tmp_path / "mem"), "--encoder", spec]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --encoder {spec}: ")
+    assert not (tmp_path / "mem").exists()
+
+
+def test_data_synth_keeps_an_equal_rel_info_and_refuses_another(tmp_path, capsys):
+    assert main(["data", "synth", "--out", str(tmp_path / "a.json"), "--docs", "2"]) == 0
+    labels = (tmp_path / "rel_info.json").read_text()
+    assert main(["data", "synth", "--out", str(tmp_path / "b.json"), "--docs", "2", "--seed", "1"]) == 0
+    assert (tmp_path / "b.json").exists() and (tmp_path / "rel_info.json").read_text() == labels
+    (tmp_path / "rel_info.json").write_text('{"P17": "country"}')
+    capsys.readouterr()
+    assert main(["data", "synth", "--out", str(tmp_path / "c.json"), "--docs", "2"]) == 2
+    assert not (tmp_path / "c.json").exists() and (tmp_path / "rel_info.json").read_text() == '{"P17": "country"}'
+
+
+def test_data_build_removes_an_earlier_builds_files(tmp_path, capsys):
+    corpus = _corpus(tmp_path)
+    assert main(_build(corpus)) == 0
+    out = tmp_path / "out"
+    assert {p.name for p in out.iterdir()} == {"write.jsonl", "read.jsonl", "eval.jsonl", "coverage.jsonl", "stats.json"}
+    (out / "notes.txt").write_text("mine")  # not a build output: kept
+    assert main(_build(corpus, "--kinds", "eval")) == 0
+    assert {p.name for p in out.iterdir()} == {"eval.jsonl", "stats.json", "notes.txt"}
+
+
+def test_argument_errors_are_one_line(tmp_path, capsys):
+    assert main(["memory"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: memllm memory: the following arguments are required: action (see memllm memory --help)\n"
+    assert main(["generate", "--model", "m", "--top-p", "0", "hi"]) == 2
+    assert capsys.readouterr().err == "error: --top-p 0: must be in (0, 1]\n"
+    assert main(["data", "synth", "--out", "x.json", "--docs", "x"]) == 2
+    assert capsys.readouterr().err == "error: --docs: invalid int value: 'x'\n"
+    assert main(["memory", "frobnicate"]) == 2
+    assert capsys.readouterr().err.startswith("error: memllm memory: invalid choice: 'frobnicate' (choose from 'create'")
+
+
+def test_memory_help_lists_write_and_merge_without_jax():
+    code = ("import sys, contextlib, io\nfrom memllm_jax.cli import main\nout = io.StringIO()\n"
+            "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(out):\n    main(['memory', '--help'])\n"
+            "print(out.getvalue()); print('jax imported' if 'jax' in sys.modules else 'no jax')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+    assert "{create,add,import,export,query,delete,stats,show,write,merge}" in r.stdout
+    assert re.search(r"^\s+write\s+write a corpus into a memory", r.stdout, flags=re.M)
+    assert re.search(r"^\s+merge\s+join the shards", r.stdout, flags=re.M)
+    assert r.stdout.rstrip().endswith("no jax")
+
+
+def _parsers(parser):
+    """`parser` and every subcommand parser below it."""
+    yield parser
+    if getattr(parser, "subcommands", None) is not None:
+        for sub in dict.fromkeys(parser.subcommands.choices.values()):
+            yield from _parsers(sub)
+
+
+def test_every_option_with_a_default_shows_it():
+    import importlib
+
+    from memllm_jax.cli import COMMANDS, SUBCOMMANDS, CommandParser
+
+    modules = {**{name: module for name, (module, _) in COMMANDS.items()},
+               **{" ".join(key): module for key, (module, _) in SUBCOMMANDS.items()}}
+    checked = 0
+    for name, module in modules.items():
+        parser = CommandParser(prog=f"memllm {name}")
+        importlib.import_module(module).add_arguments(parser)
+        for p in _parsers(parser):
+            text = " ".join(p.format_help().split())
+            for action in p._actions:
+                if action.option_strings and isinstance(action.default, (int, float, str)) \
+                        and not isinstance(action.default, bool) and action.default != argparse.SUPPRESS:
+                    assert f"(default: {action.default})" in text or "(default" in (action.help or ""), \
+                        (p.prog, action.option_strings)
+                    checked += 1
+    assert checked > 50
+
+
+def test_model_size_help_lists_every_preset(capsys):
+    from memllm_jax.config import PRESETS
+
+    with pytest.raises(SystemExit):
+        main(["model-size", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(name in text for name in PRESETS) and "smollm2_135m" in text

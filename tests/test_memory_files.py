@@ -169,3 +169,29 @@ def test_bad_jsonl_rejected_whole(tmp_path, line, fragment):
     with pytest.raises(MemoryFileError, match=fragment):
         mem.import_jsonl(path)
     assert mem.records() == []
+
+
+def test_a_failed_save_names_the_memory_not_its_temp_folder(tmp_path, monkeypatch):
+    import errno
+
+    mem = sample_memory()
+    mem.save(tmp_path / "m")
+    real = files._write_array
+
+    def full_disk(path, array):
+        if path.name == "triples":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, array)
+
+    monkeypatch.setattr(files, "_write_array", full_disk)
+    with pytest.raises(OSError) as info:
+        mem.save(tmp_path / "m")
+    assert info.value.filename == str(tmp_path / "m") and info.value.errno == errno.ENOSPC
+    assert not [p for p in (tmp_path / "m").iterdir() if p.name.startswith(".tmp")]  # no temp folder left
+
+
+def test_empty_current_is_named(tmp_path):
+    sample_memory().save(tmp_path / "m")
+    (tmp_path / "m" / "CURRENT").write_text("\n")
+    with pytest.raises(MemoryFileError, match="CURRENT is empty"):
+        files.read_manifest(tmp_path / "m")

@@ -18,7 +18,7 @@ import pathlib
 import sys
 from typing import Iterable, TextIO
 
-from memllm_jax import protocol
+from memllm_jax import options, protocol
 
 HELP = __doc__.split("Commands:")[1]
 
@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", type=pathlib.Path, help="tokenizer (default: the one stored with the model)")
     parser.add_argument("--memory", required=True, type=pathlib.Path, help="memory directory (created if absent)")
     parser.add_argument("--encoder", default="minilm", help="encoder of a new memory")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--max-new-tokens", type=options.positive_int, default=48, help="tokens generated per answer")
     parser.add_argument("--force-read", action="store_true", help="open a memory read right after each question")
     parser.add_argument("--show-memory", action="store_true", help="print each API call of an answer")
 
@@ -103,8 +103,9 @@ def chat_session(read_model, write_model, tok, memory, lines: Iterable[str], out
 
 
 def main(args: argparse.Namespace) -> int:
-    from memllm_jax.decode.io import load_model, open_memory
+    from memllm_jax.decode.io import check_memory, load_model, open_memory
 
+    check_memory(args.memory, args.encoder)  # before the models load
     read_model, tok = load_model(args.model, args.tokenizer)
     write_model = load_model(args.write_model, args.tokenizer)[0] if args.write_model else read_model
     memory = open_memory(args.memory, args.encoder)

@@ -10,6 +10,8 @@ import argparse
 import pathlib
 import sys
 
+from memllm_jax import options
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="*", help="prompt texts")
@@ -17,12 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", type=pathlib.Path, help="tokenizer (default: the one stored with the model)")
     parser.add_argument("--memory", type=pathlib.Path, help="memory directory (default: no memory)")
     parser.add_argument("--prompts-file", type=pathlib.Path, help="one prompt per line")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=options.positive_int, default=64, help="tokens generated per prompt")
+    parser.add_argument("--temperature", type=options.nonnegative_float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=options.nonnegative_int, default=0, help="sample from the k most likely tokens (0: all)")
+    parser.add_argument("--top-p", type=options.top_p, default=1.0, help="sample from the most likely tokens of this total probability (1: all)")
+    parser.add_argument("--seed", type=options.nonnegative_int, default=0, help="sampling seed")
+    parser.add_argument("--batch-size", type=options.positive_int, default=16, help="prompts decoded together")
     parser.add_argument("--force-read", action="store_true", help="open a memory read right after each prompt")
     parser.add_argument("--show-memory", action="store_true", help="print every API call, its queries and result")
     parser.add_argument("--html", type=pathlib.Path, metavar="FILE",
@@ -53,7 +55,13 @@ def main(args: argparse.Namespace) -> int:
             raise InputError(f"{args.prompts_file}: no prompts (every line is empty)")
     if not prompts:
         raise InputError("memllm generate: give prompts or --prompts-file")
-    from memllm_jax.decode.io import NoMemory, load_model, open_memory
+    from memllm_jax.decode.io import NoMemory, check_memory, load_model, open_memory
+    from memllm_jax.files import check_writable
+
+    if args.memory:  # inputs and outputs first: the model takes a while to load
+        check_memory(args.memory, create=False)
+    if args.html:
+        check_writable(args.html)
 
     model, tok = load_model(args.model, args.tokenizer)
     from memllm_jax.decode.reader import generate_with_memory

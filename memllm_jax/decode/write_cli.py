@@ -25,6 +25,7 @@ import pathlib
 import re
 from typing import Iterator
 
+from memllm_jax import options
 from memllm_jax.decode.corpus_writer import WriteDocument
 from memllm_jax.errors import InputError, read_text
 from memllm_jax.files import atomic_write_json
@@ -105,21 +106,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus", required=True, type=pathlib.Path)
     parser.add_argument("--memory", required=True, type=pathlib.Path, help="memory directory (created if absent)")
     parser.add_argument("--encoder", default="minilm", help="encoder of a new memory")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--pretext-sentences", type=int, default=10)
+    parser.add_argument("--batch-size", type=options.positive_int, default=16, help="sentences decoded together")
+    parser.add_argument("--max-new-tokens", type=options.positive_int, default=128, help="tokens per API call")
+    parser.add_argument("--pretext-sentences", type=options.nonnegative_int, default=10,
+                        help="sentences of the text before the focus sentence given as context")
     parser.add_argument("--no-late-stopping", action="store_true", help="greedy decoding ending at the first })")
-    parser.add_argument("--ban-repeats", type=int, default=0, metavar="N",
+    parser.add_argument("--ban-repeats", type=options.nonnegative_int, default=0, metavar="N",
                         help="never write an item twice in a call: take the next choice instead, at most N times")
-    parser.add_argument("--save-every", type=int, default=20, help="save memory and progress every N batches")
+    parser.add_argument("--save-every", type=options.positive_int, default=20, help="save memory and progress every N batches")
     parser.add_argument("--restart", action="store_true", help="ignore earlier progress")
-    parser.add_argument("--process-index", type=int, default=0, metavar="I",
+    parser.add_argument("--process-index", type=options.nonnegative_int, default=0, metavar="I",
                         help="write only the documents k with k %% N == I (a shard; see `memllm memory merge`)")
-    parser.add_argument("--process-count", type=int, default=1, metavar="N", help="the number of shards")
+    parser.add_argument("--process-count", type=options.positive_int, default=1, metavar="N", help="the number of shards")
     parser.add_argument("--grounded", action="store_true",
                         help="write only grounded triples: both names copied from the document, one from the focus "
                              "sentence (and a known relation with --labels)")
-    parser.add_argument("--min-confidence", type=float, default=None, metavar="LOGP",
+    parser.add_argument("--min-confidence", type=options.finite_float, default=None, metavar="LOGP",
                         help="write only the triples the model wrote with at least this confidence: the "
                              "log-probability of the item's least likely token (e.g. -0.6)")
     parser.add_argument("--labels", default=None, metavar="FILE",
@@ -199,11 +201,14 @@ def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path
 
 
 def main(args: argparse.Namespace) -> int:
-    from memllm_jax.decode.io import load_model, open_memory
+    from memllm_jax.decode.io import check_memory, load_model, open_memory
     from memllm_jax.decode.writer import write_decoding
 
     shard = (args.process_index, args.process_count)
     check_shard(*shard)
+    if not args.corpus.is_file():  # inputs and the memory first: the model takes a while to load
+        raise CorpusError(f"{args.corpus}: {'is a directory, not a corpus file' if args.corpus.is_dir() else 'no such file'}")
+    check_memory(args.memory, args.encoder)
     relations = None
     if args.labels:
         from data_gen.relations import load_relation_labels

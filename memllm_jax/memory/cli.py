@@ -22,8 +22,9 @@ import argparse
 import dataclasses
 import json
 import pathlib
+import shutil
 
-from memllm_jax import protocol
+from memllm_jax import options, protocol
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,10 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("dir", type=pathlib.Path)
     p.add_argument("patterns", nargs="+")
     p.add_argument("--editing", action="store_true", help="editing thresholds (tau_e .85, tau_t .2, tau_r .6)")
-    p.add_argument("--tau-e", type=float)
-    p.add_argument("--tau-t", type=float)
-    p.add_argument("--tau-r", type=float)
-    p.add_argument("--q-thr", type=int)
+    p.add_argument("--tau-e", type=options.cosine, help="entity similarity threshold (default: the memory's)")
+    p.add_argument("--tau-t", type=options.cosine, help="relation similarity threshold (default: the memory's)")
+    p.add_argument("--tau-r", type=options.cosine, help="triple similarity threshold (default: the memory's)")
+    p.add_argument("--q-thr", type=options.positive_int,
+                   help="report result sets with more entities as too large (default: the memory's)")
     p.add_argument("--exact-first", action="store_true", help="return only exact-name hits when there are any")
     p = sub.add_parser("delete", help="delete triples, entities or relations")
     p.add_argument("dir", type=pathlib.Path)
@@ -87,13 +89,25 @@ def _triple(pattern: str) -> protocol.Triple:
 
 def main(args: argparse.Namespace) -> int:
     from memllm_jax.config import EDITING_MEMORY, MemoryConfig
+    from memllm_jax.errors import InputError
     from memllm_jax.memory import TripleMemory, load_encoder
+    from memllm_jax.memory.encoder import check_encoder_spec
 
     # bad input (MemoryFileError, MemoryInputError) is reported by memllm_jax.cli: one line, exit 2
     if args.action == "create":
         if (args.dir / "CURRENT").exists():
             raise SystemExit(f"{args.dir}: a memory already exists there")
-        TripleMemory(load_encoder(args.encoder), MemoryConfig(encoder=args.encoder)).save(args.dir)
+        try:
+            check_encoder_spec(args.encoder)
+        except InputError as exc:
+            raise SystemExit(f"--encoder {exc}") from exc
+        created = not args.dir.exists()
+        try:
+            TripleMemory(load_encoder(args.encoder), MemoryConfig(encoder=args.encoder)).save(args.dir)
+        except BaseException:
+            if created:  # a failed create leaves no folder behind
+                shutil.rmtree(args.dir, ignore_errors=True)
+            raise
         print(f"created {args.dir}")
         return 0
     mem = _open(args.dir)

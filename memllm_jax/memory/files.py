@@ -27,12 +27,14 @@ import time
 import numpy as np
 
 from memllm_jax.errors import InputError, read_text
-from memllm_jax.files import atomic_write_text
+from memllm_jax.files import atomic_write_text, naming
 from memllm_jax.protocol import Triple
 
 FORMAT_VERSION = 1
 ARRAYS = ("entity_emb", "relation_emb", "triples")
 TABLES = ("entities.jsonl", "relations.jsonl", "sources.jsonl")
+MAX_SEQ = 2**62 - 1
+"""Largest insertion-order number an import may carry (stored as int64, with room for the ones after it)."""
 
 
 class MemoryFileError(InputError):
@@ -92,10 +94,33 @@ def _jsonl(records) -> str:
 
 
 def save(mem, directory: pathlib.Path, _before_commit=None) -> pathlib.Path:
-    """Write a new snapshot of `mem` and make it current; returns the snapshot path."""
+    """Write a new snapshot of `mem` and make it current; returns the snapshot path. An OSError while the
+    snapshot is written names `directory`, not the temporary snapshot folder."""
     directory.mkdir(parents=True, exist_ok=True)
     name = f"snap-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
     tmp = directory / f".tmp-{name}"
+    try:
+        _write_snapshot(mem, tmp)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and (exc.filename is None or str(exc.filename).startswith(str(tmp))):
+            raise naming(exc, directory) from exc
+        raise
+    snap = directory / name
+    os.rename(tmp, snap)
+    _fsync_dir(directory)
+    if _before_commit is not None:  # tests inject a crash here
+        _before_commit()
+    atomic_write_text(directory / "CURRENT", name + "\n")
+    _fsync_dir(directory)
+    for old in directory.iterdir():
+        if old.name != name and (old.name.startswith("snap-") or old.name.startswith(".tmp-snap-")):
+            shutil.rmtree(old, ignore_errors=True)
+    return snap
+
+
+def _write_snapshot(mem, tmp: pathlib.Path) -> None:
+    """Every file of a snapshot of `mem` into the new folder `tmp`, fsynced."""
     tmp.mkdir()
     ent, rel, tri = mem.entities, mem.relations, mem.triples
     alive = np.nonzero(tri.alive())[0]
@@ -123,17 +148,6 @@ def save(mem, directory: pathlib.Path, _before_commit=None) -> pathlib.Path:
             with open(p, "rb+") as f:
                 os.fsync(f.fileno())
     _fsync_dir(tmp)
-    snap = directory / name
-    os.rename(tmp, snap)
-    _fsync_dir(directory)
-    if _before_commit is not None:  # tests inject a crash here
-        _before_commit()
-    atomic_write_text(directory / "CURRENT", name + "\n")
-    _fsync_dir(directory)
-    for old in directory.iterdir():
-        if old.name != name and (old.name.startswith("snap-") or old.name.startswith(".tmp-snap-")):
-            shutil.rmtree(old, ignore_errors=True)
-    return snap
 
 
 def _read_jsonl(path: pathlib.Path):
@@ -152,9 +166,14 @@ def current_snapshot(directory: pathlib.Path) -> pathlib.Path:
     pointer = directory / "CURRENT"
     if not pointer.exists():
         raise MemoryFileError(f"{directory}: not a memory directory (no CURRENT file)")
-    snap = directory / pointer.read_text(encoding="utf-8").strip()
-    if not snap.is_dir() or "/" in pointer.read_text().strip():
-        raise MemoryFileError(f"{pointer}: names a missing snapshot {snap.name!r}")
+    if pointer.is_dir():
+        raise MemoryFileError(f"{pointer}: is a directory, not the memory's snapshot pointer")
+    name = read_text(pointer).strip()
+    if not name:
+        raise MemoryFileError(f"{pointer}: CURRENT is empty (it should name the live snapshot)")
+    snap = directory / name
+    if "/" in name or name in (".", "..") or not snap.is_dir():
+        raise MemoryFileError(f"{pointer}: names a missing snapshot {name!r}")
     return snap
 
 
@@ -254,6 +273,8 @@ def read_triples_jsonl(path: pathlib.Path, max_chars: int):
         triples.append(Triple(*vals))
         sources.append(str(rec.get("source", "import")))
         seq = rec.get("seq")
+        if isinstance(seq, int) and not isinstance(seq, bool) and not 0 <= seq <= MAX_SEQ:
+            raise MemoryFileError(f"{where}: field 'seq' must be in 0..{MAX_SEQ} (an insertion order), got {seq}")
         if seqs is not None:
             if isinstance(seq, int) and not isinstance(seq, bool):
                 seqs.append(seq)

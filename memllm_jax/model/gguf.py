@@ -299,6 +299,8 @@ def resolve_model_dir(path: str | os.PathLike, cache_root: str | os.PathLike | N
     path = pathlib.Path(path)
     if not is_gguf(path):
         return path
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory, not a .gguf file")
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
     st = path.stat()

@@ -6,17 +6,22 @@ import argparse
 import dataclasses
 import os
 
+from memllm_jax import options
+from memllm_jax.config import PRESETS
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", default="mistral_7b", help="model preset (mistral_7b, tiny, small, default_tiny)")
+    parser.add_argument("--preset", default="mistral_7b", help=f"model preset: {', '.join(sorted(PRESETS))}")
     parser.add_argument("--mesh", default="1,1,1", help="data,fsdp,tensor sizes, e.g. 1,4,2")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="parameter dtype override")
-    parser.add_argument("--lora-rank", type=int, default=0, help="also count LoRA adapters of this rank (0: none)")
+    parser.add_argument("--lora-rank", type=options.nonnegative_int, default=0, help="also count LoRA adapters of this rank (0: none)")
 
 
 def main(args: argparse.Namespace) -> int:
     from memllm_jax.config import parse_mesh
 
+    if args.preset not in PRESETS:
+        raise SystemExit(f"--preset {args.preset!r}: choose one of {sorted(PRESETS)}")
     sizes = parse_mesh(args.mesh)
     n_devices = sizes[0] * sizes[1] * sizes[2]
     # Abstract shapes only: fake as many host devices as the mesh needs (nothing is allocated).
@@ -25,12 +30,10 @@ def main(args: argparse.Namespace) -> int:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
 
-    from memllm_jax.config import PRESETS, LoraConfig, MeshConfig
+    from memllm_jax.config import LoraConfig, MeshConfig
     from memllm_jax.model.placement import param_bytes
     from memllm_jax.sharding import make_mesh
 
-    if args.preset not in PRESETS:
-        raise SystemExit(f"--preset {args.preset!r}: choose one of {sorted(PRESETS)}")
     cfg = PRESETS[args.preset]
     if args.dtype:
         cfg = dataclasses.replace(cfg, param_dtype=args.dtype)
