@@ -2,11 +2,9 @@
 sized for a 2-core CPU: LoRA r 16 on every linear layer, the API markers' embedding rows trained, whole
 examples packed into rows of 256 tokens, the prefix a document's examples share laid out once ("pack_prefixes",
 docs/train.md: the same steps train on ~1.2x more write examples, ~1.4x more read examples). SmolLM2 already
-copies names from its context, so a few hundred examples teach it the call format and the relation labels.
-On the embedded default's held-out world, precision / recall against the gold triples along one 96-step run
-(greedy writes, no late stopping, "pack_examples", adapters of 2026-11-22): 0.26 / 0.53 at step 24, 0.51 / 0.74
-at 48, 0.64 / 0.81 at 72; more steps keep helping (docs/eval.md, "Memory-write learning curve"). Re-DocRED
-(`smollm2_redocred`) overrides the steps, lengths and packing."""
+copies names from its context, so a few hundred examples teach it the call format and the relation labels; the
+writer's precision still rises between steps 72 and 96 (docs/eval.md, "Memory-write learning curve").
+`smollm2_redocred` overrides the steps, lengths and packing."""
 
 from memllm_jax.config import SMOLLM2_135M, LoraConfig
 from memllm_jax.train.config import TrainConfig

@@ -1,5 +1,5 @@
-"""The memory-write LoRA adapter on the tiny base (loss on the `({MEM_WRITE-->...})` span), 4.4 minutes on
-this 2-core CPU in the last main job. Paper shape (Appendix D: r 16, alpha 8) with a CPU-sized schedule:
+"""The memory-write LoRA adapter on the tiny base (loss on the `({MEM_WRITE-->...})` span), a few minutes on a
+2-core CPU. Paper shape (Appendix D: r 16, alpha 8) with a CPU-sized schedule:
 whole examples packed into rows of 256 tokens (about 30 per step, 200 steps: ~0.75 epoch), and no adapter
 dropout - the paper's 0.1 regularises epochs of finetuning, while this run sees most examples once, and on
 CPU the dropout masks cost ~30% of the step time."""
