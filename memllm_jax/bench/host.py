@@ -24,7 +24,7 @@ BUSY_FRACTION = 0.20
 """A busy fraction of all cores above this, from other processes during a 1 s sample, counts as busy."""
 BUSY_STEAL = 0.05
 """A fraction of all cores' time stolen by the hypervisor above this counts as busy: on a shared VM the
-torch peers slow down far more than XLA then (2026-11-27: 25.7% steal, the torch peer at 84 tokens/s against
+torch peers slow down far more than XLA then (at 25.7% steal the torch peer ran at 84 tokens/s against
 430-680 idle)."""
 
 

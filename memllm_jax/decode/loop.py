@@ -525,7 +525,7 @@ def _unrollable(model: Any, params: Any) -> bool:
     scanned (only one layer's gathered weights live at a time), and so does a large one (the copy of its
     layer weights costs more memory than the per-step slices cost time). Counting the kernels of the copy at their
     bf16 operand size instead made SmolLM2 unrolled and the main job's rows 1 and 2 slower together (194 s + 201 s
-    against 203 s + 145 s scanned, 2026-11-25), so the bound counts the stored weights."""
+    against 203 s + 145 s scanned), so the bound counts the stored weights."""
     from memllm_jax.model.mistral import Mistral
 
     if not isinstance(model, Mistral) or not model.cfg.scan_layers:

@@ -42,7 +42,7 @@ READS = ("host", "in_loop")
 
 def choose_reads(reads: str, batch: int) -> str:
     """`generate_with_memory`'s default `reads="auto"`: in-loop reads for batches of several rows, host reads
-    for one row, as measured on an idle 2-core host (`memllm bench decode --reads both`, 2026-11-23 14:06 UTC:
+    for one row, as measured on an idle 2-core host (`memllm bench decode --reads both`:
     tiny weights, a read every ~20 tokens; batch 16 in-loop 1.75x the host path, batch 1 in-loop 0.77x)."""
     if reads == "auto":
         return "in_loop" if batch > 1 else "host"

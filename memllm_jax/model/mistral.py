@@ -34,7 +34,7 @@ class KVCache:
     and kv head a step's scores are then the plain product (G x H)(H x S) and its output (G x S)(S x H), with no
     transposed copy of the cache. On a 2-core CPU the one-token attention of 30 layers at 64 rows x 512 slots
     takes ~150 ms this way against ~300 ms on a slots-major (B x S x K x H) cache, and 2-2.7x less from 1 to 64
-    rows and 128 to 512 slots (results_log, session 38); a key layout with the sequence axis last is also one of
+    rows and 128 to 512 slots; a key layout with the sequence axis last is also one of
     MaxText's decode cache orders."""
 
     k_LxBxKxHxS: jax.Array

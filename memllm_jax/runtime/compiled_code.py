@@ -7,8 +7,8 @@ as long as the function: those of the module-level decoding loops (`decode.loop`
 (65,530 by default); past the cap every `mmap` fails, and the next compilation aborts the whole process ("LLVM
 ERROR: Unable to allocate section memory!").
 
-`memllm run --config smollm2_redocred` died that way on 2026-11-29, in round 25 of Table 2's first row whose
-reads the model places. The same process had trained both adapters and written the memories. Run alone in a new
+`memllm run --config smollm2_redocred` can die that way in Table 2's first row whose reads the model places
+(round 25). The same process had trained both adapters and written the memories. Run alone in a new
 process, the Table 2 stage peaked at ~27,500 mappings in that row (its scorers' executables freed with them at
 the row's end), so the earlier stages had left at least ~38,000.
 

@@ -154,7 +154,7 @@ class StepRise:
     XLA allocates a step's buffers afresh every step. In the kept heap (one arena, never trimmed) a small block
     another thread allocates meanwhile can, as far as the measurements show (the cause is inferred), land in the hole the last step's buffers left; the next step's buffers
     no longer fit there and come from the top of the heap, so the resident memory jumps by a whole step's buffers
-    within one step. Measured on a 24 GB host (SmolLM2-135M memory-write LoRA step, 8 x 512 tokens, 2026-11-28):
+    within one step. Measured on a 24 GB host (SmolLM2-135M memory-write LoRA step, 8 x 512 tokens):
     14.0 -> 24.4 GB during step 59, killed by the kernel (an earlier run: 14.5 -> 24.3 GB during step 184); with two
     micro-batches 7.6 -> 13.2 GB at step 62. The first step's rise (its buffers, and the compilation's) sets the
     measure, and a later jump can only raise it."""
