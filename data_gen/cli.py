@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--seed", type=int, default=0)
 
 
-def _labels(spec: str | None, input_path: str) -> dict[str, str]:
+def labels_for(spec: str | None, input_path: str) -> dict[str, str]:
     """`--labels`: a file, or 'docred' / 'memllm' (the shared DocRED label files). Without it: rel_info.json
     beside the input (as `memllm data synth` writes it), else the corpus's own relation ids when the bundled
     synthetic label table knows them all, else an error asking for `--labels FILE`."""
@@ -182,7 +182,7 @@ def _build(args) -> int:
     from data_gen.recipes import ReadRecipe, WriteRecipe
     from memllm_jax.settings import check_tree
 
-    labels = _labels(args.labels, args.input)
+    labels = labels_for(args.labels, args.input)
     kinds = {k.strip() for k in args.kinds.split(",") if k.strip()}
     bad = kinds - set(build.KINDS)
     if bad:
@@ -205,7 +205,7 @@ def _filter(args) -> int:
     from data_gen import distant_filter as DF
     from data_gen.io import JsonArrayWriter, iter_json_array, read_jsonl, write_jsonl
 
-    labels = _labels(args.labels, args.input)
+    labels = labels_for(args.labels, args.input)
     docs = list(iter_json_array(args.input))
     if not docs:
         raise InputError(f"{args.input}: no documents (an empty corpus)")

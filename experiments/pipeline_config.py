@@ -317,17 +317,24 @@ def resolve_host_settings(cfg: PipelineConfig, say: Callable[[str], None] = prin
     return with_matmul_dtype(cfg, dtype)
 
 
-def check_config(cfg: PipelineConfig) -> None:
-    """Every setting of the tree checked (type, range, choices, rules across fields), and every file a setting
-    names: an `InputError` naming the first bad one, before anything runs."""
-    check_tree(cfg)
+def missing_files(cfg: PipelineConfig) -> list[str]:
+    """One line for each file a setting names that is not there."""
     files = {f"data.{k}": v for k, v in cfg.data.input_files().items()}
     if cfg.editing.records not in ("", "synthetic"):
         files["editing.records"] = cfg.editing.records
-    for setting, path in files.items():
-        if not os.path.isfile(path):
-            kind = "a directory, not a file" if os.path.isdir(path) else "not found"
-            raise InputError(f"{path}: {kind} (setting {setting})")
+    problems = [f"{path}: {'a directory, not a file' if os.path.isdir(path) else 'not found'} (setting {setting})"
+                for setting, path in files.items() if not os.path.isfile(path)]
+    if cfg.base.model not in ("", "smollm2-135m") and not os.path.exists(cfg.base.model):
+        problems.append(f"{cfg.base.model}: not found (setting base.model)")
+    return problems
+
+
+def check_config(cfg: PipelineConfig, files: bool = True) -> None:
+    """Every setting of the tree checked (type, range, choices, rules across fields) and, with `files`, every file a
+    setting names: an `InputError` naming the first bad one, before anything runs."""
+    check_tree(cfg)
+    for problem in missing_files(cfg) if files else ():
+        raise InputError(problem)
 
 
 def _settings(value: Any) -> Any:

@@ -39,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stage", action="append", default=[], help="run only these stages (repeatable)")
     parser.add_argument("--force", action="store_true", help="rerun the selected stages even when up to date")
     parser.add_argument("--print-config", action="store_true", help="print the resolved settings tree and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check every input, print each stage's work and the training steps' AOT memory plans, "
+                             "then exit (nothing is trained or written)")
+    parser.add_argument("--devices", type=int, default=8,
+                        help="--dry-run without an accelerator: plan on this many fake host devices")
 
 
 def load_config_module(spec: str):
@@ -76,7 +81,7 @@ def resolve(args: argparse.Namespace) -> tuple[Any, list[tuple[str, Any]]]:
     points = []
     for name, assignments in (sweep_points(module) if args.sweep else [("", ())]):
         cfg = override(base, *assignments)
-        check_config(cfg)
+        check_config(cfg, files=not getattr(args, "dry_run", False))  # a dry run lists every missing file
         points.append((name, cfg))
     return module, points
 
@@ -91,6 +96,13 @@ def main(args: argparse.Namespace) -> int:
         for name, cfg in points:
             print(json.dumps({"point": name, **dataclasses.asdict(cfg)} if name else dataclasses.asdict(cfg), indent=1))
         return 0
+    if args.dry_run:
+        from memllm_jax.plan_cli import ensure_host_devices
+
+        ensure_host_devices(args.devices)  # compiles on fake host devices: set up before jax starts
+        from experiments import dry_run
+
+        return max(dry_run.dry_run(cfg, args.devices) for _, cfg in points)
     if runtime.keep_freed_memory_default():
         runtime.keep_freed_memory()  # before JAX starts: the training and decoding steps reuse their buffers' pages
     out = pathlib.Path(args.out)

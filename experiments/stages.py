@@ -21,13 +21,13 @@ def _save_json(path: pathlib.Path, obj) -> None:
 
 
 def _labels(self):
-    from data_gen.cli import _labels as data_labels
+    from data_gen.cli import labels_for
 
     if self.cfg.data.corpus == "synthetic":
         from data_gen.synthetic import synthetic_rel_info
 
         return synthetic_rel_info()
-    return data_labels(self.cfg.data.labels or None, self.cfg.data.corpus)
+    return labels_for(self.cfg.data.labels or None, self.cfg.data.corpus)
 
 
 def _documents(self, split: str):
