@@ -222,7 +222,7 @@ def _write_budget(self, min_confidence: float | None) -> dict:
 
 def _edit_checks(self) -> dict:
     """How the edits of Table 3 are written: the memory stage's decoding with an edit's budget
-    (`editing.EDIT_WRITE_TOKENS`), and its grounding and confidence checks when `editing_write_checks`."""
+    (`editing.EDIT_WRITE_TOKENS`), and its grounding and confidence checks when `editing.write_checks`."""
     from memllm_jax.eval.editing import EDIT_WRITE_TOKENS
 
     budget = _write_budget(self, _min_confidence(self))

@@ -289,5 +289,5 @@ MEMORY_PRESETS: dict[str, MemoryConfig] = {
     "editing": EDITING_MEMORY,
     "editing_exact": dataclasses.replace(EDITING_MEMORY, exact_match_priority=True),
 }
-"""Retrieval settings by name (`PipelineConfig.editing_memory`); "editing_exact" is Appendix D's thresholds with
+"""Retrieval settings by name (the pipeline's `editing.memory`); "editing_exact" is Appendix D's thresholds with
 exact subject and relation names answered by their exact triples only."""

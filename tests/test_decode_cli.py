@@ -13,6 +13,7 @@ from memllm_jax.config import TINY
 from memllm_jax.decode.scripted import CharTokenizer, PolicyModel
 from memllm_jax.eval.write_quality import EntityGold
 from memllm_jax.memory import HashEncoder, TripleMemory
+from memllm_jax.settings import replace
 
 from test_decode_writer import write_policy
 
@@ -123,7 +124,7 @@ def test_chat_stores_statements_answers_questions_and_persists(tmp_path):
 
 
 def test_memory_stage_reports_precision_before_and_after_grounding(monkeypatch, tmp_path):
-    """The pipeline's evaluation write (`experiments.stages._write_eval`) with `write_grounded`: the scripted
+    """The pipeline's evaluation write (`experiments.stages._write_eval`) with `write.grounded`: the scripted
     `a>>r>>b` is kept for the sentence that names both, dropped for the one that names neither, and the report
     scores both the kept memory and everything the model wrote against the gold triples; the log lists each
     written triple with its sentence, its fate and whether it is gold."""
@@ -139,8 +140,8 @@ def test_memory_stage_reports_precision_before_and_after_grounding(monkeypatch, 
     monkeypatch.setattr(data_gen.gold_memory, "entity_gold", lambda doc: EntityGold(
         [{"a"}, {"b", "bee"}, {"c"}], {(0, "r", 1), (0, "r", 2)}))
     monkeypatch.setattr(stages, "_labels", lambda self: {"P1": "r"})
-    pipe = types.SimpleNamespace(cfg=PipelineConfig(write_grounded=True, write_late_stopping=False,
-                                                    write_max_new_tokens=48, write_batch=2),
+    pipe = types.SimpleNamespace(cfg=replace(PipelineConfig(), {"write.grounded": True, "write.late_stopping": False,
+                                                                "write.max_new_tokens": 48, "write.batch": 2}),
                                  encoder=lambda: HashEncoder(16), tokenizer=lambda: TOK)
     model = PolicyModel(write_policy, TOK.vocab_size)
     monkeypatch.setattr(stages, "_write_budget", lambda self, min_confidence, _orig=stages._write_budget: {
@@ -159,7 +160,7 @@ def test_memory_stage_reports_precision_before_and_after_grounding(monkeypatch, 
 
 
 def test_memory_stage_reports_precision_before_the_confidence_check(monkeypatch):
-    """With `write_min_confidence`, the evaluation write keeps `a>>r>>b` and drops `c>>r>>d`, on whose object the
+    """With `write.min_confidence`, the evaluation write keeps `a>>r>>b` and drops `c>>r>>d`, on whose object the
     scripted model hesitated; the report scores the memory before the check as well."""
     import types
 
@@ -171,9 +172,9 @@ def test_memory_stage_reports_precision_before_the_confidence_check(monkeypatch)
     monkeypatch.setattr(data_gen.gold_memory, "gold_triples", lambda doc: [protocol.Triple("a", "r", "b")])
     monkeypatch.setattr(data_gen.gold_memory, "entity_gold", lambda doc: EntityGold([{"a"}, {"b"}], {(0, "r", 1)}))
     monkeypatch.setattr(stages, "_labels", lambda self: {"P1": "r"})
-    pipe = types.SimpleNamespace(cfg=PipelineConfig(write_grounded=True, write_min_confidence=-0.1,
-                                                    write_late_stopping=False, write_max_new_tokens=48,
-                                                    write_batch=1),
+    pipe = types.SimpleNamespace(cfg=replace(PipelineConfig(), {"write.grounded": True, "write.min_confidence": -0.1,
+                                                                "write.late_stopping": False,
+                                                                "write.max_new_tokens": 48, "write.batch": 1}),
                                  encoder=lambda: HashEncoder(16), tokenizer=lambda: TOK)
     model = PolicyModel(unsure_policy, TOK.vocab_size)
     monkeypatch.setattr(stages, "_write_budget", lambda self, min_confidence, _orig=stages._write_budget: {
@@ -186,7 +187,7 @@ def test_memory_stage_reports_precision_before_the_confidence_check(monkeypatch)
 
 
 def test_memory_stage_chooses_the_confidence_threshold_on_the_outside_documents(monkeypatch, tmp_path):
-    """`write_min_confidence="development"`: the outside documents are written once with every checked triple's
+    """`write.min_confidence="development"`: the outside documents are written once with every checked triple's
     confidence; of the candidates, -0.1 keeps only the gold `a>>r>>b` (F1 1.0), -0.5 also `c>>r>>d` (F1 0.67) and
     "any" (None, every triple) the same two, so -0.1 is chosen, the evaluation write uses it, and rows ② / ① get
     the outside writes at -0.1."""
@@ -209,9 +210,10 @@ def test_memory_stage_chooses_the_confidence_threshold_on_the_outside_documents(
     monkeypatch.setattr(stages, "_write_budget", lambda self, min_confidence, _orig=stages._write_budget: {
         **_orig(self, min_confidence), "make_cache": model.make_cache})
     said = []
-    pipe = types.SimpleNamespace(cfg=PipelineConfig(write_grounded=True, write_min_confidence="development",
-                                                    write_confidence_grid=(-0.5, -0.1), outside_docs=4,
-                                                    write_late_stopping=False, write_max_new_tokens=48, write_batch=1),
+    pipe = types.SimpleNamespace(cfg=replace(PipelineConfig(), {
+                                     "write.grounded": True, "write.min_confidence": "development",
+                                     "write.confidence_grid": (-0.5, -0.1), "data.outside_docs": 4,
+                                     "write.late_stopping": False, "write.max_new_tokens": 48, "write.batch": 1}),
                                  encoder=lambda: HashEncoder(16), tokenizer=lambda: TOK, model=lambda which: model,
                                  out=tmp_path, say=said.append)
     info = stages.stage_memory(pipe)
@@ -228,13 +230,10 @@ def test_memory_stage_chooses_the_confidence_threshold_on_the_outside_documents(
     assert "  confidence threshold chosen on the 4 outside documents: -0.1" in said
 
 
-def test_memory_stage_names_a_misspelt_threshold_setting(tmp_path):
-    import types
-
-    from experiments import stages
-    from experiments.pipeline_config import PipelineConfig
+def test_a_misspelt_threshold_setting_is_refused_before_the_run(tmp_path):
+    from experiments.pipeline_config import PipelineConfig, check_config
     from memllm_jax.errors import InputError
 
-    pipe = types.SimpleNamespace(cfg=PipelineConfig(write_min_confidence="developement"), out=tmp_path)
-    with pytest.raises(InputError, match="write_min_confidence: expected a number, None or \"development\""):
-        stages.stage_memory(pipe)
+    cfg = replace(PipelineConfig(), {"write.min_confidence": "developement"})
+    with pytest.raises(InputError, match="^setting write.min_confidence='developement': must be one of 'development'"):
+        check_config(cfg)

@@ -292,7 +292,7 @@ def test_decoding_settings_the_loop_cannot_use_are_refused_by_name():
 
 
 def test_the_pipeline_writes_its_memory_and_its_edits_with_one_decoding(monkeypatch):
-    """The memory stage's decoding comes from the config's `write_*` settings; Table 3's edits take the same with an
+    """The memory stage's decoding comes from the config's `write` settings; Table 3's edits take the same with an
     edit's budget; a refused setting names the config field."""
     import dataclasses
     import types
@@ -301,15 +301,17 @@ def test_the_pipeline_writes_its_memory_and_its_edits_with_one_decoding(monkeypa
     from experiments.pipeline_config import PipelineConfig
     from memllm_jax.errors import InputError
     from memllm_jax.eval.editing import EDIT_WRITE_TOKENS
+    from memllm_jax.settings import replace
 
     monkeypatch.setattr(stages, "_labels", lambda self: {"P1": "r"})
-    cfg = PipelineConfig(write_grounded=True, write_late_stopping=False, write_max_new_tokens=48, write_ban_repeats=4)
+    cfg = replace(PipelineConfig(), {"write.grounded": True, "write.late_stopping": False, "write.max_new_tokens": 48,
+                                     "write.ban_repeats": 4, "write.min_confidence": None})
     pipe = types.SimpleNamespace(cfg=cfg, tokenizer=lambda: FIELD_TOK)
     budget = stages._write_budget(pipe, -1.0)
     assert budget["decoding"] == WriteDecoding(48, late_stopping=False, bans=budget["decoding"].bans)
     assert budget["decoding"].bans.max_bans == 4 and budget["relations"] == {"r"} and budget["min_confidence"] == -1.0
     edits = stages._edit_checks(pipe)
     assert edits == {"write_decoding": dataclasses.replace(budget["decoding"], max_new_tokens=EDIT_WRITE_TOKENS)}
-    pipe.cfg = dataclasses.replace(cfg, write_max_new_tokens=0)
-    with pytest.raises(InputError, match="^PipelineConfig.write_max_new_tokens 0: must be at least 1"):
+    pipe.cfg = replace(cfg, {"write.max_new_tokens": 0})
+    with pytest.raises(InputError, match="^setting write.max_new_tokens 0: must be at least 1"):
         stages._write_budget(pipe, None)

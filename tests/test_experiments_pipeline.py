@@ -315,7 +315,7 @@ def test_side_stage_runs_a_stage_in_a_second_process(tmp_path):
 
 
 def test_pretrained_base_brings_its_tokenizer_and_skips_pretraining(tmp_path, monkeypatch):
-    """With `base_model` (here the packaged SmolLM2 GGUF, converted once into a cache) the tokenizer stage saves
+    """With `base.model` (here the packaged SmolLM2 GGUF, converted once into a cache) the tokenizer stage saves
     the base's tokenizer with the API markers as special ids, and nothing is pretrained."""
     import importlib.util
 

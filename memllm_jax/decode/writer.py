@@ -48,7 +48,7 @@ class WriteDecoding:
 
     def __post_init__(self):
         """Refuses values the loop cannot use; the message starts with the field's name (callers name their own
-        option after it: `--max-new-tokens`, `PipelineConfig.write_max_new_tokens`)."""
+        option after it: `--max-new-tokens`, the setting `write.max_new_tokens`)."""
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens {self.max_new_tokens}: must be at least 1")
         if self.patience < 1:
@@ -64,7 +64,7 @@ class WriteSpec(WriteDecoding):
 
 
 def write_decoding(tokenizer, *, ban_repeats: int = 0, **options) -> WriteDecoding:
-    """A `WriteDecoding` from the settings a user gives (`memllm memory write`, `PipelineConfig.write_*`):
+    """A `WriteDecoding` from the settings a user gives (`memllm memory write`, the pipeline's `write` group):
     `ban_repeats` > 0 bans a repeated item at most that many times per call (`item_bans`); `options`: the other
     fields. A refused setting is a ValueError whose message starts with the setting's name."""
     if ban_repeats < 0:
