@@ -15,7 +15,7 @@ from memllm_jax.decode.judge import TripleJudge, judge_context, judge_scored
 from memllm_jax.eval.write_quality import scored_auc
 from memllm_jax.memory import TripleMemory, load_encoder
 from memllm_jax.model.mistral import Mistral
-from tests.eval_fakes import CharTokenizer
+from tests.support.eval_fakes import CharTokenizer
 
 CFG = dataclasses.replace(TINY, vocab_size=128, max_seq_len=256)
 YES, NO = 110, 111

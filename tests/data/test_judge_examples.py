@@ -7,7 +7,7 @@ from data_gen.judge_examples import NEGATIVE_KINDS, judge_items, judge_records, 
 from data_gen.write_examples import iter_write_items
 from memllm_jax import protocol as P
 from memllm_jax.eval.write_quality import triple_key
-from tests.test_data_examples import LABELS, RAW
+from tests.data.test_data_examples import LABELS, RAW
 
 
 def _doc():
