@@ -12,7 +12,7 @@ from memllm_jax import protocol as P
 from memllm_jax.eval.diagnostics import MARKUP, NAME, RELATION, call_char_labels, field_losses, names_in_text
 from memllm_jax.eval.perplexity import check_queries
 from memllm_jax.eval.records import EvalDoc, GoldRead, encode_document, token_at
-from tests.eval_fakes import CharTokenizer
+from tests.support.eval_fakes import CharTokenizer
 
 
 def test_heldout_world_states_no_evaluation_fact_in_training():

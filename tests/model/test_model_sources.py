@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from memllm_jax.cli import main
-from train_fixtures import lm_records, make_tokenizer, write_jsonl, write_records
+from tests.support.train_fixtures import lm_records, make_tokenizer, write_jsonl, write_records
 
 CONFIG = """
 import dataclasses

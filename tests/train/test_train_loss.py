@@ -7,7 +7,7 @@ import pytest
 
 from memllm_jax.train import data as D
 from memllm_jax.train.loss import masked_cross_entropy
-from train_fixtures import make_tokenizer, write_jsonl, write_records
+from tests.support.train_fixtures import make_tokenizer, write_jsonl, write_records
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from memllm_jax.runtime import host_memory, train_hook
 from memllm_jax.train import loop
 from memllm_jax.train.checkpoint import Checkpointer
 from memllm_jax.train.config import TrainConfig
-from train_fixtures import lm_records, make_tokenizer, write_jsonl, write_records
+from tests.support.train_fixtures import lm_records, make_tokenizer, write_jsonl, write_records
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from memllm_jax.eval.mixture import char_spans_to_token_mask
 from memllm_jax.eval.perplexity import ReadSetting, evaluate_perplexity
 from memllm_jax.eval.records import EvalDoc, GoldRead, doc_from_record, encode_document
 from memllm_jax.model.mistral import Mistral
-from tests.eval_fakes import CharTokenizer
+from tests.support.eval_fakes import CharTokenizer
 
 CFG = dataclasses.replace(TINY, vocab_size=128, max_seq_len=256)
 
@@ -134,7 +134,7 @@ def test_real_eval_records_from_data_gen():
 def test_model_chosen_reads_with_a_scripted_model():
     """A scripted model reads right before "Paris" and asks <Ann, place of birth, *>: rows with model
     positions and queries make exactly that read, answer it from the memory, and TARGET PPL drops."""
-    from tests.eval_fakes import scripted_reader
+    from tests.support.eval_fakes import scripted_reader
 
     model, tok, docs, Memory = scripted_reader()
     plain = evaluate_perplexity(model, tok, docs, None, ReadSetting(positions="none"), batch_size=2)
@@ -159,7 +159,7 @@ def test_model_chosen_reads_with_a_scripted_model():
 def test_windowed_continuations_give_the_scores_of_whole_ones():
     """Model-chosen reads scored a few tokens at a time (the forward doubled until the next read is covered)
     make the same reads and give the same perplexities and traces as forwards to the document's end."""
-    from tests.eval_fakes import scripted_reader
+    from tests.support.eval_fakes import scripted_reader
 
     text = "Ann was born in Paris. She worked in Rome and in Oslo, then went back to Paris in 1990."
     model, tok, docs, Memory = scripted_reader(text, read_at=(3, 16, 19, 33, 70))

@@ -18,7 +18,7 @@ import pytest
 
 from memllm_jax.cli import main
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _corpus(tmp: pathlib.Path, name: str = "c.json", docs: list | None = None) -> pathlib.Path:
@@ -141,7 +141,7 @@ def train_bad_override(tmp, mp):
 
 
 def train_data_not_utf8(tmp, mp):
-    from tests.train_fixtures import make_tokenizer
+    from tests.support.train_fixtures import make_tokenizer
 
     make_tokenizer(tmp / "tok")
     data = _write_bytes(tmp, "write.jsonl", b'{"segments": [{"text": "a\xff", "loss": true}]}\n')

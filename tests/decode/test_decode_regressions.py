@@ -2,7 +2,7 @@
 
 from memllm_jax import protocol
 from memllm_jax.decode.reader import generate_with_memory
-from tests.test_decode_reader import EOS, TOK, FakeMemory, scripted
+from tests.decode.test_decode_reader import EOS, TOK, FakeMemory, scripted
 
 
 def test_new_call_keeps_a_complete_call_that_came_with_the_prompt():

@@ -202,7 +202,7 @@ def test_prefix_packed_step_equals_example_packed_step(tmp_path):
     import dataclasses
 
     from memllm_jax.train import data as D
-    from train_fixtures import document_write_records, make_tokenizer, write_jsonl
+    from tests.support.train_fixtures import document_write_records, make_tokenizer, write_jsonl
 
     tok = make_tokenizer(tmp_path / "tok")
     corpus = D.load_corpus([write_jsonl(tmp_path / "w.jsonl", document_write_records(3))], tok, seq_len=256)

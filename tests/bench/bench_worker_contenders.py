@@ -1,4 +1,4 @@
-"""Tiny contenders for tests/test_bench_workers.py: module-level factories a spawned worker imports by name."""
+"""Tiny contenders for tests/bench/test_bench_workers.py: module-level factories a spawned worker imports by name."""
 
 from __future__ import annotations
 

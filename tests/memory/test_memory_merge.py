@@ -22,7 +22,7 @@ from memllm_jax.decode.scripted import CharTokenizer, PolicyModel
 from memllm_jax.memory import HashEncoder, TripleMemory
 from memllm_jax.memory.merge import merge
 
-from train_fixtures import CITIES, NAMES
+from tests.support.train_fixtures import CITIES, NAMES
 
 TOK = CharTokenizer()
 ENC = ["--encoder", "hash:16"]
@@ -159,7 +159,7 @@ def test_plain_merge_is_the_union_in_order():
 
 def _launch(argvs: list[list[str]], timeout: float = 300) -> list[str]:
     """Simultaneous processes, always reaped; their stdout (asserting exit status 0)."""
-    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1]), "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[2]), "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)
     procs = [subprocess.Popen(a, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for a in argvs]
     deadline = time.monotonic() + timeout
@@ -183,7 +183,7 @@ def test_real_model_shards_in_two_processes(tmp_path, capsys):
     from memllm_jax.checkpoint import save_params
     from memllm_jax.config import TINY
     from memllm_jax.model.mistral import Mistral
-    from train_fixtures import make_tokenizer
+    from tests.support.train_fixtures import make_tokenizer
 
     tok = make_tokenizer(tmp_path / "tok")
     save_params(tmp_path / "model", 0, Mistral(dataclasses.replace(TINY, vocab_size=tok.vocab_size), rngs=nnx.Rngs(0)),

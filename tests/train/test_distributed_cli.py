@@ -16,7 +16,7 @@ import portpicker
 import pytest
 from flax import nnx
 
-from train_fixtures import make_tokenizer, write_jsonl, write_records
+from tests.support.train_fixtures import make_tokenizer, write_jsonl, write_records
 
 TESTS = pathlib.Path(__file__).parent
 RECORDER = TESTS / "cli_recorder.py"
@@ -42,7 +42,7 @@ def get_config():
 def launch(argvs: list[list[str]], devices: int, envs: list[dict] | None = None) -> list[str]:
     """Run the commands as simultaneous processes with `devices` fake CPU devices each (and `envs[i]` added to
     process i's environment); their outputs. Every process is reaped, also on a timeout or a failed peer."""
-    env = {**os.environ, "PYTHONPATH": str(TESTS.parent), "JAX_PLATFORMS": "cpu",
+    env = {**os.environ, "PYTHONPATH": str(TESTS.parents[1]), "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
     for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         env.pop(k, None)

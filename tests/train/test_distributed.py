@@ -16,7 +16,7 @@ TIMEOUT_S = 300
 
 def _run(n_processes: int, out: pathlib.Path) -> None:
     port = portpicker.pick_unused_port()
-    env = {**os.environ, "PYTHONPATH": str(WORKER.parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(WORKER.parents[2])}
     env.pop("XLA_FLAGS", None)
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(n_processes), str(i), str(port), str(out)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

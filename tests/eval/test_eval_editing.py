@@ -11,7 +11,7 @@ from memllm_jax.eval import editing
 from memllm_jax.eval.editing import (EditRecord, ZSRE_SHOTS, _score, build_prompt_ids, extract_answer, load_zsre,
                                      normalize_answer)
 from memllm_jax.model.mistral import Mistral
-from tests.eval_fakes import CharTokenizer
+from tests.support.eval_fakes import CharTokenizer
 
 
 def test_normalisation_and_answer_extraction():

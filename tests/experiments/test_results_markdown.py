@@ -13,7 +13,7 @@ import pytest
 from experiments.report_markdown import read_run, results_markdown
 from experiments.tables import table2_markdown, table3_markdown
 from memllm_jax.cli import main
-from tests.test_report_html import make_run
+from tests.eval.test_report_html import make_run
 
 UTC = datetime.timezone.utc
 HOST = {"when": "2026-12-01T09:00:00+00:00", "cpu": "Intel(R) Xeon(R) Platinum 8480+", "cores": 2,

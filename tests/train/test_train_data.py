@@ -8,7 +8,7 @@ import pytest
 
 from memllm_jax import protocol
 from memllm_jax.train import data as D
-from train_fixtures import document_write_records, lm_records, make_tokenizer, write_jsonl, write_records
+from tests.support.train_fixtures import document_write_records, lm_records, make_tokenizer, write_jsonl, write_records
 
 
 @pytest.fixture(scope="module")

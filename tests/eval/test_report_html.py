@@ -12,7 +12,7 @@ import pytest
 from experiments import report_html
 from memllm_jax import protocol
 from memllm_jax.eval.perplexity import ReadSetting, evaluate_perplexity
-from tests.eval_fakes import scripted_reader
+from tests.support.eval_fakes import scripted_reader
 
 
 def make_run(tmp_path):

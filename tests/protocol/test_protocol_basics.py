@@ -1,4 +1,4 @@
-"""Protocol smoke tests (the property tests live in tests/test_protocol.py)."""
+"""Protocol smoke tests (the property tests live in tests/protocol/test_protocol.py)."""
 
 from memllm_jax import protocol as P
 
