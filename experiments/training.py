@@ -1,11 +1,10 @@
 """The pipeline's bridge to the training module: build a TrainConfig from an experiment config module plus
-the pipeline's paths and overrides, run it, and load the trained models back."""
+the pipeline's paths and overrides, and run it (`memllm_jax.model.load` opens the trained models)."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import pathlib
 from typing import Callable, Sequence
 
 
@@ -30,11 +29,3 @@ def run_training(module: str, section: str, overrides: Sequence[str], *, train_d
     say(f"  training {section}: {module} -> {workdir}")
     result = train(cfg)
     return result if isinstance(result, dict) else {"result": str(result)}
-
-
-def load_trained(workdir: str | pathlib.Path, vocab_size: int | None = None):
-    """The model at `workdir` (a training workdir, model checkpoint, HF directory or .gguf; LoRA merged). For an
-    HF base, `vocab_size` is the tokenizer's: rows for the added API markers are appended."""
-    from memllm_jax.sources import open_model
-
-    return open_model(str(workdir), vocab_size=vocab_size)[0]

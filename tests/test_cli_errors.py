@@ -205,18 +205,18 @@ def memory_write_bad_shard(tmp, mp):
 
 
 def memory_write_close_bias_not_finite(tmp, mp):
-    from memllm_jax.decode import io
+    from memllm_jax.model import load
 
-    mp.setattr(io, "load_model", lambda model, tokenizer: (object(), object()))  # refused before the model is used
+    mp.setattr(load, "load", lambda model, **kw: (object(), object()))  # refused before the model is used
     return (["memory", "write", "--model", "m", "--corpus", "c.jsonl", "--memory", "mem", "--close-bias", "nan"],
             "--close-bias nan: must be a finite number")
 
 
 def memory_write_copy_names_unusable_tokenizer(tmp, mp):
-    from memllm_jax.decode import io
     from memllm_jax.decode.scripted import CharTokenizer
+    from memllm_jax.model import load
 
-    mp.setattr(io, "load_model", lambda model, tokenizer: (object(), CharTokenizer()))  # `>>` is two tokens here
+    mp.setattr(load, "load", lambda model, **kw: (object(), CharTokenizer()))  # `>>` is two tokens here
     return (["memory", "write", "--model", "m", "--corpus", "c.jsonl", "--memory", "mem", "--copy-names"],
             "--copy-names True: copied names need '>>' to be one token; this tokenizer gives")
 
@@ -238,7 +238,7 @@ def convert_unfinished_run(tmp, mp):
     (tmp / "run").mkdir()
     (tmp / "run" / "train_config.json").write_text("{}")
     return (["convert", "orbax-to-hf", str(tmp / "run"), str(tmp / "hf"), "--merge-lora"],
-            "run: training workdir without a trained model (neither model/ nor params/: the run has not finished)")
+            "run: training workdir without a trained model (no model/: the run has not finished)")
 
 
 def eval_missing_config(tmp, mp):

@@ -53,9 +53,10 @@ def main(args: argparse.Namespace) -> int:
             raise InputError(f"{args.prompts_file}: no prompts (every line is empty)")
     if not prompts:
         raise InputError("memllm generate: give prompts or --prompts-file")
-    from memllm_jax.decode.io import NoMemory, load_model, open_memory
+    from memllm_jax.decode.io import NoMemory, open_memory
+    from memllm_jax.model.load import load
 
-    model, tok = load_model(args.model, args.tokenizer)
+    model, tok = load(args.model, tokenizer=args.tokenizer, need_tokenizer=True)
     from memllm_jax.decode.reader import generate_with_memory
     from memllm_jax.decode.sampling import SamplingConfig
 
