@@ -7,10 +7,11 @@ that disagrees with the weights' own is an error; an old `params/` workdir is re
 import collections
 import dataclasses
 import json
+import os
+import sys
 
 import numpy as np
 import pytest
-from flax import nnx
 
 from memllm_jax.cli import main
 from memllm_jax.config import TINY
@@ -108,6 +109,25 @@ def test_training_writes_one_checkpoint_that_convert_exports(runs, tmp_path, cap
     assert f"model: checkpoint {tmp_path / 'ckpt'}, step 0" in out.err and out.out.startswith("Ada Lovelace")
 
 
+def test_an_adapter_that_names_no_base_opens_on_the_base_given(runs, tmp_path, capsys):
+    import shutil
+
+    tmp, pre, lora = runs
+    shutil.copytree(lora / "model", tmp_path / "adapter")
+    config = next((tmp_path / "adapter").glob("*/config/metadata"))
+    config.write_text(json.dumps({**json.loads(config.read_text()), "base": None}))
+    with pytest.raises(ValueError, match="has no base parameters"):
+        load(tmp_path / "adapter", say=None)
+    tokens = _tokens()
+    want = _ours(load(lora, say=None)[0], tokens)
+    np.testing.assert_array_equal(_ours(load(tmp_path / "adapter", base=str(pre), say=None)[0], tokens), want)
+    capsys.readouterr()
+    assert main(["convert", "orbax-to-hf", str(tmp_path / "adapter"), str(tmp_path / "hf"), "--merge-lora", "--base",
+                 str(pre)]) == 0
+    assert f"adapter over {pre}" in capsys.readouterr().err
+    np.testing.assert_allclose(_torch(tmp_path / "hf", tokens), want, atol=2e-4)
+
+
 def test_generate_chat_and_memory_write_open_a_workdir(runs, tmp_path, capsys, monkeypatch):
     import io
 
@@ -187,11 +207,28 @@ def test_a_config_that_disagrees_with_the_weights_is_an_error(hf_dir, tmp_path, 
     assert not (tmp_path / "mw" / "model").exists()
 
 
+OPENS: list = []
+"""While `Reads` is active: every path Python code opens (the `open` audit event, which covers `open`,
+`io.open`, `pathlib` reads and `os.open`)."""
+_HOOKED: list = []
+
+
+def _audit(event, args):
+    if event == "open" and OPENS and isinstance(args[0], (str, bytes, os.PathLike)):
+        OPENS[0][os.fsdecode(args[0])] += 1
+
+
 class Reads:
     """Every read `model.load` makes of a model's files, by what it reads: a JSON config (`load_json`), a
-    safetensors file, a tokenizer, a checkpoint's stored configs, a checkpoint's weights, a GGUF conversion."""
+    safetensors file, a tokenizer, a checkpoint's stored configs, a checkpoint's weights, a GGUF conversion;
+    and the files Python code opens."""
 
     def __init__(self, monkeypatch):
+        if not _HOOKED:  # an audit hook cannot be removed: one per process, counting only while OPENS is set
+            sys.addaudithook(_audit)
+            _HOOKED.append(True)
+        self.opened = collections.Counter()
+        OPENS[:] = [self.opened]
         import safetensors
 
         import memllm_jax.checkpoint as C
@@ -216,27 +253,46 @@ class Reads:
         self.count.clear()
         return out
 
+    def opened_under(self, directory) -> dict:
+        """The files under `directory` that Python code opened since the last call, with how often."""
+        out = {p: n for p, n in self.opened.items() if p.startswith(str(directory) + os.sep)}
+        self.opened.clear()
+        return out
+
 
 def test_opening_a_model_reads_each_of_its_files_once(runs, hf_dir, tmp_path, monkeypatch):
+    reads = Reads(monkeypatch)
+    try:
+        _each_file_once(reads, runs, hf_dir, tmp_path, monkeypatch)
+    finally:
+        OPENS.clear()
+
+
+def _each_file_once(reads, runs, hf_dir, tmp_path, monkeypatch):
     import shutil
 
     import memllm_jax.model.gguf as G
 
     tmp, pre, lora = runs
-    reads = Reads(monkeypatch)
-    # an HF directory: config.json, the weights and the tokenizer, once each
+    # an HF directory: config.json, the weights and the tokenizer, once each (safetensors and the tokenizer's
+    # JSON are read by Rust code, which the audit hook does not see: config.json is the one Python opens)
+    reads.opened_under(hf_dir)
     model, tok = load(hf_dir, say=None)
     assert reads.take() == {("json", str(hf_dir / "config.json")): 1,
                             ("safetensors", str(hf_dir / "model.safetensors")): 1, ("tokenizer", str(hf_dir)): 1}
+    assert reads.opened_under(hf_dir) == {str(hf_dir / "config.json"): 1}
     # sharded weights: each shard once
     from memllm_jax.model.testing import save_hf_mistral
 
     save_hf_mistral(SMALL, tmp_path / "sharded", max_shard_size="20KB")
     shards = sorted(p.name for p in (tmp_path / "sharded").glob("model-*.safetensors"))
     assert len(shards) > 2
+    reads.opened_under(tmp_path)
     load(tmp_path / "sharded", say=None)
     assert reads.take() == {("json", str(tmp_path / "sharded" / "config.json")): 1,
                             **{("safetensors", str(tmp_path / "sharded" / s)): 1 for s in shards}}
+    assert reads.opened_under(tmp_path / "sharded") == {str(tmp_path / "sharded" / f): 1
+                                                         for f in ("config.json", "model.safetensors.index.json")}
     # a model checkpoint: its configs, its weights, its tokenizer
     from memllm_jax.checkpoint import save_params
 
@@ -267,3 +323,6 @@ def test_opening_a_model_reads_each_of_its_files_once(runs, hf_dir, tmp_path, mo
         got = reads.take()
         assert got == {**({("gguf", str(gguf)): 1} if first else {}), ("json", str(cached / "config.json")): 1,
                        ("safetensors", str(cached / "model.safetensors")): 1, ("tokenizer", str(cached)): 1}
+        if not first:  # (the first time the fake conversion's copy opens every file)
+            assert reads.opened_under(cached) == {str(cached / "config.json"): 1}
+        reads.opened_under(tmp_path)

@@ -34,7 +34,7 @@ def get_config() -> TrainConfig:
         log_every=10,
         checkpoint_every=50,
         workdir="runs/default/train/mw",
-        init_checkpoint="runs/default/train/pretrain/params",
+        init_checkpoint="runs/default/train/pretrain",
         compilation_cache=".xla_cache",
     )
 

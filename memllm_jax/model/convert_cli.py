@@ -43,11 +43,8 @@ def main(args: argparse.Namespace) -> int:
         return _to_checkpoint(args)
     from memllm_jax.model.load import identify, load
 
-    if args.base:
-        model, tokenizer, base = _adapter_on(args)
-    else:
-        model, tokenizer = load(args.src, merge_lora=False, step=args.step)
-        base = _base_source(identify(args.src)) if args.direction == "orbax-to-peft" else None
+    model, tokenizer = load(args.src, merge_lora=False, step=args.step, base=args.base)
+    base = args.base or (_base_source(identify(args.src)) if args.direction == "orbax-to-peft" else None)
     if args.direction == "orbax-to-hf":
         from memllm_jax.model.hf import save_hf
 
@@ -99,14 +96,3 @@ def _base_source(src) -> str | None:
         return None
     base = read_stored(src.weights).base
     return None if base is None else base["source"]
-
-
-def _adapter_on(args: argparse.Namespace):
-    """`--base`: an adapter-only checkpoint that does not name its base, restored onto the HF weights given."""
-    from memllm_jax.checkpoint import read_stored, restore_params
-    from memllm_jax.model.load import load
-
-    stored = read_stored(args.src, args.step)
-    target, tok = load(args.base, tokenizer=stored.tokenizer, config=stored.model, lora=stored.lora, merge_lora=False)
-    model = restore_params(args.src, target, stored.step)
-    return model, tok, args.base

@@ -96,8 +96,8 @@ def identify(path: str | os.PathLike) -> Source:
 
 def load(path: str | os.PathLike, *, tokenizer=None, need_tokenizer: bool = False, config: ModelConfig | None = None,
          dtype: str | None = None, lora: LoraConfig | None = None, merge_lora: bool = True,
-         extra_tokens: int | None = None, step: int | None = None, mesh=None, seed: int = 0,
-         say: Callable[[str], None] | None = _say):
+         extra_tokens: int | None = None, step: int | None = None, base: str | None = None, mesh=None,
+         seed: int = 0, say: Callable[[str], None] | None = _say):
     """`(model, tokenizer)` from the model at `path` (any kind `identify` knows); one line on stderr (`say`)
     names what was found.
 
@@ -107,19 +107,19 @@ def load(path: str | os.PathLike, *, tokenizer=None, need_tokenizer: bool = Fals
     `config`: a ModelConfig the weights must agree with (see the module docstring); `dtype`: the parameter dtype.
     `merge_lora`: a stored LoRA adapter is folded into the base and a model without adapter modules returned;
     `lora`: fresh adapters (seeded by `seed`) on top of the (merged) weights, as a LoRA training run starts.
-    `step`: a checkpoint's earlier step (default the latest). `mesh`: where the parameters go (default: one
-    device)."""
+    `step`: a checkpoint's earlier step (default the latest). `base`: the model an adapter-only checkpoint was
+    trained on, when it names none (or another copy of the one it names). `mesh`: where the parameters go (default: one device)."""
     src = identify(path)
+    own = _own_config(src, step)  # before the tokenizer is read: a damaged config file names itself
     tok = tokenizer if tokenizer is not None else src.tokenizer
     if tok is None and need_tokenizer:
         raise InputError(f"{path}: no tokenizer stored with this {src.kind} model; pass --tokenizer")
-    own = _own_config(src, step)  # before the tokenizer is read: a damaged config names itself
     if isinstance(tok, (str, os.PathLike)):
         tok = load_tokenizer(tok)
     vocab = getattr(tok, "vocab_size", None)
     if isinstance(own, C.Stored):  # before the weights are read (an HF base gets the rows the tokenizer needs)
         _check_vocab(tok, own.model.vocab_size, path)
-    model, note, adapter = _weights(src, own, vocab, config, dtype, lora, merge_lora, extra_tokens, mesh, seed)
+    model, note, adapter = _weights(src, own, vocab, config, dtype, lora, merge_lora, extra_tokens, base, mesh, seed)
     _check_vocab(tok, model.cfg.vocab_size, path)
     if say is not None:
         say(f"model: {src.describe()}{note}" + (" (LoRA merged)" if adapter and merge_lora and lora is None else ""))
@@ -134,19 +134,19 @@ def _check_vocab(tok, rows: int, path) -> None:
 
 
 def _own_config(src: Source, step: int | None):
-    """What the weights say of themselves: an HF directory's ModelConfig (from `config.json`), a checkpoint's
-    `Stored` configs (of `step`, default the latest)."""
+    """What the weights say of themselves: an HF directory's `config.json` (a dict), a checkpoint's `Stored`
+    configs (of `step`, default the latest)."""
     if src.kind in (HF, GGUF):
-        config_path = src.weights / "config.json"
-        return hf.config_from_hf(_json_object(config_path), src.given if src.kind == GGUF else str(config_path))
+        return _json_object(src.weights / "config.json")
     return C.read_stored(src.weights, step)
 
 
-def _weights(src: Source, own, vocab, config, dtype, lora, merge, extra_tokens, mesh, seed):
+def _weights(src: Source, own, vocab, config, dtype, lora, merge, extra_tokens, base, mesh, seed):
     """`(model, note, adapter)`: the model of `src` (whose own config is `own`), what the stderr line adds,
     whether a stored LoRA adapter was there."""
     if src.kind in (HF, GGUF):
         where = src.given if src.kind == GGUF else str(src.weights / "config.json")
+        own = hf.config_from_hf(own, where)
         extra = extra_tokens if extra_tokens is not None else max(0, (vocab or own.vocab_size) - own.vocab_size)
         cfg = _settle(own, config, dtype, extra, where)
         return hf.load_hf_weights(src.weights, cfg, mesh, lora=lora, extra_tokens=extra, seed=seed), "", False
@@ -154,18 +154,19 @@ def _weights(src: Source, own, vocab, config, dtype, lora, merge, extra_tokens, 
     cfg = _settle(stored.model, config, dtype, 0, f"{src.weights} (step {stored.step})")
     mesh = mesh if mesh is not None else _one_device()  # not the stored sharding: base and adapters on one device
     note = f", step {stored.step}"
-    if stored.base is None:
+    ref = {"source": base, "extra_tokens": (stored.base or {}).get("extra_tokens")} if base else stored.base
+    if ref is None:
         model = C.restore_params(src.weights, abstract_model(cfg, stored.lora, mesh), stored.step)
     else:
-        source = stored.base["source"]
-        note += f", adapter over {source}"
+        note += f", adapter over {ref['source']}"
         try:
-            base_src = identify(source)
+            base_src = identify(ref["source"])
         except InputError as exc:
             raise InputError(f"{src.weights}: its base model: {exc}") from None
-        base, _, _ = _weights(base_src, _own_config(base_src, None), None, cfg, None, stored.lora, True,
-                              int(stored.base.get("extra_tokens", 0)), mesh, 0)
-        model = C.restore_params(src.weights, base, stored.step)
+        extra = ref.get("extra_tokens")  # None (a base given here): the rows the checkpoint has beyond the base's
+        under, _, _ = _weights(base_src, _own_config(base_src, None), cfg.vocab_size, cfg, None, stored.lora, True,
+                               None if extra is None else int(extra), None, mesh, 0)
+        model = C.restore_params(src.weights, under, stored.step)
     adapter = model.lora_cfg is not None
     if adapter and (merge or lora is not None):
         merge_lora(model)
