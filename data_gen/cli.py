@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pathlib
 import sys
 import time
@@ -274,16 +273,13 @@ def _filter(args) -> int:
 
 
 def _model_generate_fn(args):
-    """Greedy generation with a model our stack loads (memllm_jax.model.hf + decode), no memory reads."""
-    from memllm_jax.decode.reader import generate_with_memory
+    """Greedy generation with a model our stack loads (`memllm_jax.model.load` + decode), no memory reads."""
+    from memllm_jax.decode.reader import encode_prompt, generate_with_memory
     from memllm_jax.memory import TripleMemory, load_encoder
-    from memllm_jax.model.hf import load_hf
-    from memllm_jax.tokenizer import load_tokenizer
+    from memllm_jax.model.load import load
 
-    from memllm_jax.decode.reader import encode_prompt
-
-    tok = load_tokenizer(args.model)
-    cfg, model = load_hf(args.model, extra_tokens=max(0, tok.vocab_size - _hf_vocab(args.model)))
+    model, tok = load(args.model, need_tokenizer=True)
+    cfg = model.cfg
     memory = TripleMemory(load_encoder("hash:64"))  # empty: a base model does not call it
 
     def generate_fn(prompts):
@@ -296,8 +292,3 @@ def _model_generate_fn(args):
         return [r.plain_text for r in results]
 
     return generate_fn
-
-
-def _hf_vocab(model_dir: str) -> int:
-    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
-        return int(json.load(f)["vocab_size"])

@@ -145,14 +145,14 @@ class Pipeline:
     def model(self, which: str):
         """"base", "mw" or "mr": the trained model, loaded once."""
         if which not in self._cache:
-            from experiments.training import load_trained
+            from memllm_jax.model.load import load
 
             path = self.out / "train" / which
             if which == "base" and self.cfg.base.model:
                 path = pathlib.Path(stages._base_dir(self))
             elif which == "base":
                 path = self.out / "train" / "pretrain"
-            model = load_trained(path, vocab_size=self.tokenizer().vocab_size)
+            model, _ = load(path, tokenizer=self.tokenizer())  # an HF base gets rows for the API markers
             if self.cfg.matmul_dtype is not None:  # the base too, so that every row multiplies alike
                 from memllm_jax.model.mistral import set_matmul_dtype
 

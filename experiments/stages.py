@@ -354,14 +354,13 @@ def _mw_curve(self, final: dict) -> list[dict]:
     """The memory-write learning curve: each earlier export of the MW adapter (`mw.export_steps`) writes the
     evaluation documents as the memory stage does; the final model's point is the memory stage's own."""
     from memllm_jax.checkpoint import stored_steps
-    from memllm_jax.sources import open_model
+    from memllm_jax.model.load import load
 
     model_dir = self.out / "train" / "mw" / "model"
     steps = stored_steps(model_dir) if model_dir.is_dir() else []
     points = []
     for step in steps[:-1]:
-        mw = self._fit_context(open_model(str(self.out / "train" / "mw"), vocab_size=self.tokenizer().vocab_size,
-                                          step=step)[0], "mw")
+        mw = self._fit_context(load(self.out / "train" / "mw", tokenizer=self.tokenizer(), step=step)[0], "mw")
         _, info = _write_eval(self, mw, _documents(self, "eval"), _min_confidence(self))
         points.append({"step": step, **{k: info[k] for k in CURVE_FIELDS}})
         self.say(f"  mw step {step}: precision {info['precision']:.2f} recall {info['recall']:.2f} f1 {info['f1']:.2f}")

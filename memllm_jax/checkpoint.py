@@ -1,9 +1,9 @@
-"""The model checkpoint: the one on-disk format of a model that every command opens (see `memllm_jax.sources`).
+"""The model checkpoint: the one on-disk format of a model that every command opens (see `memllm_jax.model.load`).
 
 Layout (one Orbax `CheckpointManager` directory): `<dir>/<step>/{base,lora,config}` and the tokenizer beside
 the steps in `<dir>/tokenizer/`. `config` holds the ModelConfig, the LoraConfig and, for an adapter-only
 checkpoint (LoRA finetuning of a pretrained base), a reference to the base: `{"source": path, "extra_tokens": n}`
-where `source` is any model path `sources.open_model` accepts (HF directory, .gguf, checkpoint, training
+where `source` is any model path `model.load.load` accepts (HF directory, .gguf, checkpoint, training
 workdir) and `n` rows (the API markers) were appended to its vocabulary, mean-initialised, as training did.
 `memllm train` writes `<workdir>/model/` in this format, `memllm convert hf-to-orbax` too. Restoring reads into
 `jax.ShapeDtypeStruct`s that carry the target shardings, so a checkpoint written under one mesh restores
@@ -50,11 +50,11 @@ TOKENIZER = "tokenizer"
 
 
 def save_params(directory: str | os.PathLike, step: int, model, *, lora_only: bool = False,
-                base: dict | None = None, tokenizer: str | os.PathLike | None = None) -> None:
+                base: dict | None = None, tokenizer=None) -> None:
     """Save the base parameters (unless `lora_only` or `base`) and the LoRA parameters (if any) at `step`.
 
     `base`: `{"source": path, "extra_tokens": n}`, where the base weights come from (an adapter-only save);
-    `tokenizer`: a tokenizer path (directory, tokenizer.json or .gguf) copied to `<directory>/tokenizer`.
+    `tokenizer`: a tokenizer, or its path (directory, tokenizer.json or .gguf), saved to `<directory>/tokenizer`.
     """
     import orbax.checkpoint as ocp
 
@@ -84,8 +84,9 @@ def save_params(directory: str | os.PathLike, step: int, model, *, lora_only: bo
         save_tokenizer(tokenizer, directory)
 
 
-def save_tokenizer(tokenizer: str | os.PathLike, directory: str | os.PathLike) -> pathlib.Path:
-    """Copy the tokenizer at `tokenizer` (API markers registered) to `<directory>/tokenizer`, atomically."""
+def save_tokenizer(tokenizer, directory: str | os.PathLike) -> pathlib.Path:
+    """Save `tokenizer` (a loaded one, or its path; API markers registered) to `<directory>/tokenizer`,
+    atomically."""
     import shutil
 
     from memllm_jax.tokenizer import load_tokenizer
@@ -94,7 +95,7 @@ def save_tokenizer(tokenizer: str | os.PathLike, directory: str | os.PathLike) -
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        load_tokenizer(tokenizer).save(tmp)
+        (load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer).save(tmp)
     except OSError as exc:  # name the tokenizer folder asked for, not its temp name
         shutil.rmtree(tmp, ignore_errors=True)
         raise naming(exc, out) from exc
@@ -104,8 +105,7 @@ def save_tokenizer(tokenizer: str | os.PathLike, directory: str | os.PathLike) -
 
 
 def is_checkpoint(directory: str | os.PathLike) -> bool:
-    """A directory in this format: a numbered step directory holding a `config` item (`sources._Layout` reads
-    the same without importing jax)."""
+    """A directory in this format: a numbered step directory holding a `config` item."""
     p = pathlib.Path(directory)
     return p.is_dir() and any(c.name.isdigit() and (c / CONFIG).exists() for c in p.iterdir())
 

@@ -93,9 +93,10 @@ class ModelConfig:
 
 
 MODEL_LAYOUT_FIELDS = ("param_dtype", "compute_dtype", "matmul_dtype", "remat", "remat_policy", "scan_layers",
-                       "max_seq_len", "attention_block")
+                       "max_seq_len", "attention", "attention_block")
 """The `ModelConfig` fields that choose how a model runs rather than what it computes: they are carried over
-when a model is rebuilt from stored weights (an HF / GGUF base under a checkpoint, a training run's base)."""
+when a model is rebuilt from stored weights (an HF / GGUF base under a checkpoint, a training run's base); the
+other fields must agree with the weights' own config (`model.load`)."""
 
 
 @dataclasses.dataclass(frozen=True)

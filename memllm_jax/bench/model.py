@@ -32,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
     from memllm_jax.bench import ceiling as C
     from memllm_jax.bench.timing import interleaved, markdown_table, ratio_row
     from memllm_jax.config import PRESETS
-    from memllm_jax.model.hf import load_hf
+    from memllm_jax.model.load import load
     from memllm_jax.model.testing import hf_mistral
 
     torch.set_grad_enabled(False)
@@ -52,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
         hf.config._attn_implementation = args.hf_attn
         with tempfile.TemporaryDirectory() as tmp:
             hf.save_pretrained(tmp)
-            _, model = load_hf(tmp)
+            model, _ = load(tmp, say=None)
         graphdef, state = nnx.split(model)
         forward = jax.jit(lambda s, t, p: nnx.merge(graphdef, s)(t, p)[0])
         rng = np.random.default_rng(1)

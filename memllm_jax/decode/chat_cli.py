@@ -103,11 +103,12 @@ def chat_session(read_model, write_model, tok, memory, lines: Iterable[str], out
 
 
 def main(args: argparse.Namespace) -> int:
-    from memllm_jax.decode.io import check_memory, load_model, open_memory
+    from memllm_jax.decode.io import check_memory, open_memory
+    from memllm_jax.model.load import load
 
     check_memory(args.memory, args.encoder)  # before the models load
-    read_model, tok = load_model(args.model, args.tokenizer)
-    write_model = load_model(args.write_model, args.tokenizer)[0] if args.write_model else read_model
+    read_model, tok = load(args.model, tokenizer=args.tokenizer, need_tokenizer=True)
+    write_model = load(args.write_model, tokenizer=tok)[0] if args.write_model else read_model
     memory = open_memory(args.memory, args.encoder)
 
     def save():

@@ -55,15 +55,16 @@ def main(args: argparse.Namespace) -> int:
             raise InputError(f"{args.prompts_file}: no prompts (every line is empty)")
     if not prompts:
         raise InputError("memllm generate: give prompts or --prompts-file")
-    from memllm_jax.decode.io import NoMemory, check_memory, load_model, open_memory
+    from memllm_jax.decode.io import NoMemory, check_memory, open_memory
     from memllm_jax.files import check_writable
+    from memllm_jax.model.load import load
 
     if args.memory:  # inputs and outputs first: the model takes a while to load
         check_memory(args.memory, create=False)
     if args.html:
         check_writable(args.html)
 
-    model, tok = load_model(args.model, args.tokenizer)
+    model, tok = load(args.model, tokenizer=args.tokenizer, need_tokenizer=True)
     from memllm_jax.decode.reader import generate_with_memory
     from memllm_jax.decode.sampling import SamplingConfig
 

@@ -1,37 +1,10 @@
-"""Loading what the decode commands need: a model with its tokenizer, and a memory directory."""
+"""Opening what the decode commands need besides the model (`memllm_jax.model.load`): a memory directory."""
 
 from __future__ import annotations
 
 import dataclasses
 import pathlib
 from typing import Sequence
-
-
-def load_model(path: str | pathlib.Path, tokenizer: str | pathlib.Path | None = None):
-    """`(model, tokenizer)` from any model path `memllm_jax.sources.identify` knows (model checkpoint, training
-    workdir, HF directory, `.gguf` file); LoRA merged. The tokenizer is `tokenizer`, else the one stored with
-    the model (`<checkpoint>/tokenizer`, the run's `tokenizer`, the HF directory's own). One line on stderr says
-    what was found."""
-    from memllm_jax.errors import InputError
-    from memllm_jax.sources import identify
-
-    src = identify(path)  # before importing jax: a wrong path fails fast
-    if src.kind == "HF":
-        from memllm_jax.errors import load_json
-
-        load_json(src.weights / "config.json")  # a damaged config names itself before the tokenizer reads it
-    tok_path = tokenizer or src.tokenizer
-    if not tok_path:
-        raise InputError(f"{path}: no tokenizer stored with this {src.kind} model; pass --tokenizer")
-    from memllm_jax.sources import open_model
-    from memllm_jax.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(tok_path)
-    model, _ = open_model(path, tokenizer=tok_path, vocab_size=tok.vocab_size)
-    if tok.vocab_size > model.cfg.vocab_size:
-        raise InputError(f"{tok_path}: tokenizer has {tok.vocab_size} ids but the model {path} only "
-                         f"{model.cfg.vocab_size}")
-    return model, tok
 
 
 def check_memory(directory: str | pathlib.Path, encoder: str = "minilm", create: bool = True) -> None:

@@ -201,8 +201,9 @@ def run_write(model, tok, memory, memory_dir: pathlib.Path, corpus: pathlib.Path
 
 
 def main(args: argparse.Namespace) -> int:
-    from memllm_jax.decode.io import check_memory, load_model, open_memory
+    from memllm_jax.decode.io import check_memory, open_memory
     from memllm_jax.decode.writer import write_decoding
+    from memllm_jax.model.load import load
 
     shard = (args.process_index, args.process_count)
     check_shard(*shard)
@@ -214,7 +215,7 @@ def main(args: argparse.Namespace) -> int:
         from data_gen.relations import load_relation_labels
 
         relations = set(load_relation_labels(args.labels).values())
-    model, tok = load_model(args.model, args.tokenizer)
+    model, tok = load(args.model, tokenizer=args.tokenizer, need_tokenizer=True)
     try:  # before the memory directory is opened: a refused option leaves nothing behind
         decoding = write_decoding(tok, ban_repeats=args.ban_repeats, max_new_tokens=args.max_new_tokens,
                                   late_stopping=not args.no_late_stopping)

@@ -2,13 +2,14 @@
 export a model's LoRA adapter in PEFT format, or turn a llama.cpp GGUF file into either (`gguf-to-hf`,
 `gguf-to-orbax`; an HF source directory may also be given as `FILE.gguf`).
 
-`orbax-to-*` read any model path (`memllm_jax.sources`): a model checkpoint, a training workdir (or its legacy
-`params/`), an HF directory. `*-to-orbax` write a model checkpoint with the tokenizer beside it (the API
+`orbax-to-*` read any model path (`memllm_jax.model.load`): a model checkpoint, a training workdir, an HF
+directory. `*-to-orbax` write a model checkpoint with the tokenizer beside it (the API
 markers added, and by default as many vocabulary rows appended as the markers need)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from memllm_jax.errors import InputError
-    from memllm_jax.model.gguf import gguf_to_hf, is_gguf, resolve_model_dir
+    from memllm_jax.model.gguf import gguf_to_hf, is_gguf
 
     if args.direction.startswith("gguf-to-") and not is_gguf(args.src):
         raise InputError(f"{args.src}: {args.direction} reads a .gguf file")
@@ -39,15 +40,11 @@ def main(args: argparse.Namespace) -> int:
         print(f"wrote {out} (HF Llama directory with its tokenizer) from {args.src}")
         return 0
     if args.direction in ("hf-to-orbax", "gguf-to-orbax"):
-        return _to_checkpoint(args, resolve_model_dir(args.src))
-    if args.base:
-        model, tokenizer, base = _adapter_on(args)
-    else:
-        from memllm_jax.sources import open_model
+        return _to_checkpoint(args)
+    from memllm_jax.model.load import identify, load
 
-        model, src = open_model(args.src, merge_lora=False, step=args.step)
-        tokenizer = src.tokenizer
-        base = _base_source(src)
+    model, tokenizer = load(args.src, merge_lora=False, step=args.step, base=args.base)
+    base = args.base or (_base_source(identify(args.src)) if args.direction == "orbax-to-peft" else None)
     if args.direction == "orbax-to-hf":
         from memllm_jax.model.hf import save_hf
 
@@ -57,63 +54,45 @@ def main(args: argparse.Namespace) -> int:
 
             print(f"note: {args.src} has a LoRA adapter, not in this export (pass --merge-lora to fold it in, or "
                   f"use orbax-to-peft)", file=sys.stderr)
-        if tokenizer:
-            from memllm_jax.tokenizer import load_tokenizer
-
-            load_tokenizer(tokenizer).save(args.dst)
+        if tokenizer is not None:
+            tokenizer.save(args.dst)
     else:
         from memllm_jax.model.hf import save_peft_adapter
 
         save_peft_adapter(model, args.dst, base_model_name_or_path=base)
-    print(f"wrote {args.dst} from {args.src}" + (" with its tokenizer" if tokenizer and args.direction == "orbax-to-hf"
-                                                 else ""))
+    print(f"wrote {args.dst} from {args.src}" + (" with its tokenizer" if tokenizer is not None and
+                                                 args.direction == "orbax-to-hf" else ""))
     return 0
 
 
-def _to_checkpoint(args: argparse.Namespace, src) -> int:
+def _to_checkpoint(args: argparse.Namespace) -> int:
     """hf/gguf-to-orbax: a model checkpoint with the HF directory's tokenizer (markers added) beside it."""
     from memllm_jax.checkpoint import save_params
-    from memllm_jax.errors import load_json
-    from memllm_jax.model.hf import load_hf
+    from memllm_jax.errors import InputError
+    from memllm_jax.model.gguf import is_gguf
+    from memllm_jax.model.load import CHECKPOINT, WORKDIR, identify, load
 
-    if not (src / "config.json").exists():
-        raise FileNotFoundError(f"{src / 'config.json'} does not exist")
-    has_tok = (src / "tokenizer.json").exists()
-    extra = args.extra_tokens
-    if extra is None and has_tok:
-        from memllm_jax.tokenizer import load_tokenizer
-
-        extra = max(0, load_tokenizer(src).vocab_size - int(load_json(src / "config.json")["vocab_size"]))
-    overrides = {"param_dtype": args.dtype} if args.dtype else {}
-    cfg, model = load_hf(src, extra_tokens=extra or 0, **overrides)
+    if not is_gguf(args.src) and not os.path.exists(os.path.join(args.src, "config.json")):
+        raise FileNotFoundError(f"{os.path.join(args.src, 'config.json')} does not exist")
+    src = identify(args.src)
+    if src.kind in (CHECKPOINT, WORKDIR):
+        raise InputError(f"{args.src}: {args.direction} reads an HF directory or a .gguf file, not a {src.kind}")
+    model, tok = load(args.src, extra_tokens=args.extra_tokens, dtype=args.dtype)
+    cfg = model.cfg
     step = 0 if args.step is None else args.step
-    save_params(args.dst, step, model, tokenizer=src if has_tok else None)
+    save_params(args.dst, step, model, tokenizer=tok)
     print(f"wrote {args.dst} step {step}: {cfg.n_layers} layers, d_model {cfg.d_model}, vocab {cfg.vocab_size}"
-          + (f" ({extra} rows added for the API markers), tokenizer in {args.dst}/tokenizer" if has_tok else
-             " (no tokenizer in the source)"))
+          + (f", tokenizer ({tok.vocab_size} ids with the API markers) in {args.dst}/tokenizer" if tok is not None
+             else " (no tokenizer in the source)"))
     return 0
 
 
 def _base_source(src) -> str | None:
     """For a PEFT export: the HF directory / .gguf the adapter was trained on, when the checkpoint says."""
     from memllm_jax.checkpoint import read_stored
+    from memllm_jax.model.load import CHECKPOINT, WORKDIR
 
-    if src.kind not in ("checkpoint", "training workdir"):
+    if src.kind not in (CHECKPOINT, WORKDIR):
         return None
     base = read_stored(src.weights).base
     return None if base is None else base["source"]
-
-
-def _adapter_on(args: argparse.Namespace):
-    """`--base`: an adapter-only checkpoint that does not name its base, restored onto the HF weights given."""
-    from memllm_jax.checkpoint import read_stored, restore_params
-    from memllm_jax.model.hf import load_hf
-    from memllm_jax.model.gguf import resolve_model_dir
-
-    stored = read_stored(args.src, args.step)
-    _, target = load_hf(resolve_model_dir(args.base), lora=stored.lora, param_dtype=stored.model.param_dtype)
-    if target.cfg.vocab_size != stored.model.vocab_size:
-        raise SystemExit(f"--base {args.base}: vocab {target.cfg.vocab_size} != checkpoint vocab "
-                         f"{stored.model.vocab_size}")
-    model = restore_params(args.src, target, stored.step)
-    return model, (str(stored.tokenizer) if stored.tokenizer else None), args.base

@@ -8,6 +8,7 @@ file(s) and places it straight into its target sharding (a scanned layer: into i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -149,12 +150,16 @@ def config_to_hf(cfg: ModelConfig) -> dict:
 
 
 class _Reader:
-    """Tensor-by-tensor access to `model.safetensors` or a sharded set with its index file."""
+    """Tensor-by-tensor access to `model.safetensors` or a sharded set with its index file, each file opened
+    once (a context manager: leaving it closes them)."""
 
     def __init__(self, directory: pathlib.Path):
         from safetensors import safe_open
 
         self._open = safe_open
+        self._stack = contextlib.ExitStack()
+        self._keys: dict[pathlib.Path, set[str]] = {}
+        self._handles: dict[pathlib.Path, object] = {}
         self.files: dict[str, pathlib.Path] = {}
         index = directory / INDEX_FILE
         if index.exists():
@@ -168,18 +173,29 @@ class _Reader:
                     raise FileNotFoundError(f"{index}: tensor {name!r} is in {fname}, which does not exist")
                 self.files[name] = path
         elif (directory / SINGLE_FILE).exists():
-            with safe_open(directory / SINGLE_FILE, framework="numpy") as f:
-                self.files = {name: directory / SINGLE_FILE for name in f.keys()}
+            self.files = dict.fromkeys(self._handle(directory / SINGLE_FILE)[1], directory / SINGLE_FILE)
         else:
             raise FileNotFoundError(f"{directory}: neither {SINGLE_FILE} nor {INDEX_FILE} exists")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def _handle(self, path: pathlib.Path):
+        if path not in self._handles:
+            self._handles[path] = self._stack.enter_context(self._open(path, framework="numpy"))
+            self._keys[path] = set(self._handles[path].keys())
+        return self._handles[path], self._keys[path]
 
     def get(self, name: str) -> np.ndarray:
         if name not in self.files:
             raise KeyError(f"{name!r} is missing from the safetensors file(s) in {next(iter(self.files.values())).parent}")
-        with self._open(self.files[name], framework="numpy") as f:
-            if name not in f.keys():
-                raise KeyError(f"{self.files[name]}: tensor {name!r} listed in the index is not in the file")
-            return f.get_tensor(name)
+        f, keys = self._handle(self.files[name])
+        if name not in keys:
+            raise KeyError(f"{self.files[name]}: tensor {name!r} listed in the index is not in the file")
+        return f.get_tensor(name)
 
 
 def _get_path(tree, path):
@@ -221,9 +237,6 @@ def load_hf(
     `extra_tokens` appends that many embedding / LM-head rows initialised to the mean row (for added special
     tokens). `config_overrides` replace ModelConfig fields (e.g. `param_dtype="bfloat16"`).
     """
-    from memllm_jax.model.placement import abstract_model, materialize
-    from memllm_jax.sharding import check_fits, state_shardings
-
     directory = pathlib.Path(directory)
     config_path = directory / "config.json"
     if not config_path.exists():
@@ -232,48 +245,60 @@ def load_hf(
     if not isinstance(hf_cfg, dict):
         raise InputError(f"{config_path}: expected a JSON object")
     cfg = config_from_hf(hf_cfg, str(config_path), **config_overrides)
+    model = load_hf_weights(directory, cfg, mesh, lora=lora, extra_tokens=extra_tokens, seed=seed)
+    return model.cfg, model
+
+
+def load_hf_weights(directory: str | os.PathLike, cfg: ModelConfig, mesh=None, *, lora: LoraConfig | None = None,
+                    extra_tokens: int = 0, seed: int = 0):
+    """The Mistral of `cfg` (the directory's own `config.json`, as `config_from_hf` reads it, with any run-time
+    fields set) with the weights of the HF directory; see `load_hf`."""
+    from memllm_jax.model.placement import abstract_model, materialize
+    from memllm_jax.sharding import check_fits, state_shardings
+
+    directory = pathlib.Path(directory)
     base_vocab = cfg.vocab_size
     cfg = dataclasses.replace(cfg, vocab_size=base_vocab + extra_tokens)
     if mesh is not None:
         check_fits(cfg, mesh)
-    reader = _Reader(directory)
-    graphdef, abstract = abstract_model(cfg, lora, None, seed)
-    if mesh is None:
-        from jax.sharding import SingleDeviceSharding
+    with _Reader(directory) as reader:
+        graphdef, abstract = abstract_model(cfg, lora, None, seed)
+        if mesh is None:
+            from jax.sharding import SingleDeviceSharding
 
-        shardings = jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), abstract)
-    else:
-        shardings = state_shardings(abstract, mesh)
-    state = nnx.to_pure_dict(abstract)
-    sh = nnx.to_pure_dict(shardings)
-    for entry in param_mapping(cfg):
-        target = _get_path(state, entry.ours)
-        our_shape = tuple(target.shape)[int(entry.layer is not None):]
-        if entry.ours == ("embed",):
-            our_shape = (base_vocab, cfg.d_model)
-        elif entry.ours == ("lm_head", "kernel"):
-            our_shape = (cfg.d_model, base_vocab)
-        n_in = entry.n_in
-        expected_hf = our_shape if n_in is None else (math.prod(our_shape[n_in:]), math.prod(our_shape[:n_in]))
-        array = reader.get(entry.hf)
-        if tuple(array.shape) != expected_hf:
-            raise InputError(
-                f"{reader.files[entry.hf]}: tensor {entry.hf!r} has shape {tuple(array.shape)}, "
-                f"but {config_path.name} implies {expected_hf}"
-            )
-        array = to_ours(array, entry, our_shape)
-        if extra_tokens and entry.ours[0] in ("embed", "lm_head"):
-            axis = 0 if entry.ours[0] == "embed" else 1
-            mean = array.astype(np.float32).mean(axis=axis, keepdims=True).astype(array.dtype)
-            array = np.concatenate([array, np.repeat(mean, extra_tokens, axis=axis)], axis=axis)
-        _place(state, sh, entry, array.astype(target.dtype))
+            shardings = jax.tree.map(lambda _: SingleDeviceSharding(jax.devices()[0]), abstract)
+        else:
+            shardings = state_shardings(abstract, mesh)
+        state = nnx.to_pure_dict(abstract)
+        sh = nnx.to_pure_dict(shardings)
+        for entry in param_mapping(cfg):
+            target = _get_path(state, entry.ours)
+            our_shape = tuple(target.shape)[int(entry.layer is not None):]
+            if entry.ours == ("embed",):
+                our_shape = (base_vocab, cfg.d_model)
+            elif entry.ours == ("lm_head", "kernel"):
+                our_shape = (cfg.d_model, base_vocab)
+            n_in = entry.n_in
+            expected_hf = our_shape if n_in is None else (math.prod(our_shape[n_in:]), math.prod(our_shape[:n_in]))
+            array = reader.get(entry.hf)
+            if tuple(array.shape) != expected_hf:
+                raise InputError(
+                    f"{reader.files[entry.hf]}: tensor {entry.hf!r} has shape {tuple(array.shape)}, "
+                    f"but config.json implies {expected_hf}"
+                )
+            array = to_ours(array, entry, our_shape)
+            if extra_tokens and entry.ours[0] in ("embed", "lm_head"):
+                axis = 0 if entry.ours[0] == "embed" else 1
+                mean = array.astype(np.float32).mean(axis=axis, keepdims=True).astype(array.dtype)
+                array = np.concatenate([array, np.repeat(mean, extra_tokens, axis=axis)], axis=axis)
+            _place(state, sh, entry, array.astype(target.dtype))
     # Everything not in the HF file (LoRA adapters, RNG state) is initialised fresh, into its sharding.
     for path, var in nnx.to_flat_state(abstract):
         value = _get_path(state, path)
         if isinstance(value, jax.ShapeDtypeStruct):
             value = jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=_get_path(sh, path))
         var.set_value(value)
-    return cfg, materialize(graphdef, abstract, seed)
+    return materialize(graphdef, abstract, seed)
 
 
 # ---- writing ------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The training run: `run(cfg) -> TrainResult` (also `train(cfg) -> dict` for the pipeline).
 
 Pretraining (mode "full") and LoRA finetuning (mode "lora") share one loop: build the mesh and the model
-(random, from a `params/` directory of an earlier run, or from an HF directory), the grain batch iterator,
+(random, or the weights of any model path `model.load` opens: an earlier run, an HF directory, a .gguf file),
+the grain batch iterator,
 the jitted step; resume from the latest checkpoint in `workdir/ckpt` (train state + iterator position);
 train with a progress bar, metrics, periodic held-out evaluation and checkpoints, calling the hooks this host
 needs and the caller's around each step (`train.hooks`; on a CPU host the runtime's, `memllm_jax.runtime`); stop
@@ -28,8 +29,9 @@ from memllm_jax import runtime
 from memllm_jax.checkpoint import save_params
 from memllm_jax.errors import InputError
 from memllm_jax.files import atomic_write_json
+from memllm_jax.model.load import base_reference, load
+from memllm_jax.model.placement import create_model
 from memllm_jax.sharding import make_mesh
-from memllm_jax.sources import base_reference, build_model, open_model
 from memllm_jax.tokenizer import load_tokenizer
 from memllm_jax.train import data as D
 from memllm_jax.train import step as S
@@ -49,7 +51,7 @@ class NonFiniteLoss(RuntimeError):
 class TrainResult:
     workdir: str
     model_dir: str | None
-    """The trained model checkpoint `workdir/model` (`sources.open_model` reads it, or the workdir); None when
+    """The trained model checkpoint `workdir/model` (`model.load.load` opens it, or the workdir); None when
     stopped early."""
     checkpoint_dir: str
     step: int
@@ -101,6 +103,20 @@ def enable_compilation_cache(cfg: TrainConfig) -> str | None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
+
+
+def initial_model(cfg: TrainConfig, mesh, tok):
+    """The model a run starts from, on `mesh`: random, or the weights of `cfg.init_checkpoint` (which must
+    agree with `cfg.model`'s architecture; rows appended for the tokenizer's added API markers), with fresh
+    adapters in LoRA mode."""
+    lora = cfg.lora if cfg.mode == "lora" else None
+    if cfg.init_checkpoint:
+        return load(cfg.init_checkpoint, tokenizer=tok, config=cfg.model, lora=lora, mesh=mesh, seed=cfg.seed,
+                    say=None)[0]
+    vocab = getattr(tok, "vocab_size", None)
+    if vocab is not None and vocab > cfg.model.vocab_size:
+        raise ValueError(f"the tokenizer has {vocab} ids but TrainConfig.model.vocab_size={cfg.model.vocab_size}")
+    return create_model(cfg.model, lora, mesh, cfg.seed)
 
 
 def _abstract(tree):
@@ -177,7 +193,7 @@ def run(cfg: TrainConfig, *, stop_after: int | None = None, hooks: Iterable[Any]
                         seed=cfg.data_seed, buckets=cfg.buckets)
     total = cfg.steps if cfg.steps is not None else max(1, math.ceil(cfg.epochs * planner.batches_per_epoch))
 
-    model = build_model(cfg, mesh, getattr(tok, "vocab_size", None))
+    model = initial_model(cfg, mesh, tok)
     split = S.split_model(model, cfg.mode)
     del model
     tx = make_optimizer(cfg, total)
@@ -318,14 +334,3 @@ def export_model(cfg: TrainConfig, model, step: int, workdir: str) -> str:
     directory = os.path.join(workdir, "model")
     save_params(directory, step, model, base=base, tokenizer=cfg.tokenizer)
     return directory
-
-
-def load_trained_model(workdir: str, *, mesh=None, merge: bool = True, step: int | None = None):
-    """The model a finished run in `workdir` produced: the trained full model, or base + adapter (runs from
-    before `workdir/model` existed are read from `workdir/params`).
-
-    With `merge` (default) a LoRA run's adapter is folded into the base and a plain model (no adapter
-    modules) is returned; otherwise the model keeps its `lora` submodules with the trained adapter. `step`: an
-    earlier export of the run (`TrainConfig.export_steps`; None = the final model).
-    """
-    return open_model(workdir, merge_lora=merge, mesh=mesh, step=step, say=None)[0]

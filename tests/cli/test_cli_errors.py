@@ -208,18 +208,18 @@ def memory_write_bad_shard(tmp, mp):
 
 
 def memory_write_no_token_budget(tmp, mp):
-    from memllm_jax.decode import io
+    from memllm_jax.model import load
 
-    mp.setattr(io, "load_model", lambda model, tokenizer: (object(), object()))  # refused before the model is used
+    mp.setattr(load, "load", lambda model, **kw: (object(), object()))  # refused before the model is used
     return (["memory", "write", "--model", "m", "--corpus", "c.jsonl", "--memory", "mem", "--max-new-tokens", "0"],
             "--max-new-tokens 0: must be a positive integer")
 
 
 def memory_write_ban_repeats_unusable_tokenizer(tmp, mp):
-    from memllm_jax.decode import io
     from memllm_jax.decode.scripted import CharTokenizer
+    from memllm_jax.model import load
 
-    mp.setattr(io, "load_model", lambda model, tokenizer: (object(), CharTokenizer()))  # `>>` is two tokens here
+    mp.setattr(load, "load", lambda model, **kw: (object(), CharTokenizer()))  # `>>` is two tokens here
     (tmp / "c.jsonl").write_text('{"text": "Ann lives in Ulm."}\n')
     return (["memory", "write", "--model", "m", "--corpus", "c.jsonl", "--memory", "mem", "--ban-repeats", "2"],
             "--ban-repeats 2: repeated-item bans need")
@@ -242,7 +242,7 @@ def convert_unfinished_run(tmp, mp):
     (tmp / "run").mkdir()
     (tmp / "run" / "train_config.json").write_text("{}")
     return (["convert", "orbax-to-hf", str(tmp / "run"), str(tmp / "hf"), "--merge-lora"],
-            "run: training workdir without a trained model (neither model/ nor params/: the run has not finished)")
+            "run: training workdir without a trained model (no model/: the run has not finished)")
 
 
 def eval_missing_config(tmp, mp):

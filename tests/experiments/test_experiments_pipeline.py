@@ -347,6 +347,7 @@ def test_mw_learning_curve_writes_with_each_export(tmp_path):
     from memllm_jax.decode.writer import WriteDecoding
     from memllm_jax.eval.write_quality import write_agreement
     from memllm_jax.memory import TripleMemory, load_encoder
+    from memllm_jax.model.load import load
     from memllm_jax.train import loop
     from memllm_jax.train.config import TrainConfig
 
@@ -366,7 +367,7 @@ def test_mw_learning_curve_writes_with_each_export(tmp_path):
     assert [p["step"] for p in curve] == [1, 3] and curve[1] == {"step": 3, **final}
     docs = _documents(pipe, "eval")
     mem = TripleMemory(load_encoder("hash:32"))
-    st = write_corpus(loop.load_trained_model(str(tmp_path / "train" / "mw"), step=1), tok, mem, docs,
+    st = write_corpus(load(tmp_path / "train" / "mw", step=1, say=None)[0], tok, mem, docs,
                       WriteDecoding(12, late_stopping=False), batch_size=16)
     expect = write_agreement(mem.records(), [t for d in docs for t in gold_triples(d)])
     assert curve[0]["sentences"] == st.sentences > 0

@@ -79,9 +79,9 @@ def _same_memory(a: pathlib.Path, b: pathlib.Path) -> None:
 
 
 def test_sharded_writes_merge_into_the_single_process_memory(tmp_path, monkeypatch, capsys):
-    import memllm_jax.decode.io as io
+    import memllm_jax.model.load as load
 
-    monkeypatch.setattr(io, "load_model", lambda path, tokenizer=None: (PolicyModel(fact_policy, TOK.vocab_size), TOK))
+    monkeypatch.setattr(load, "load", lambda path, **kw: (PolicyModel(fact_policy, TOK.vocab_size), TOK))
     corpus = _corpus(tmp_path / "c.jsonl")
     write = ["memory", "write", "--model", "scripted", "--corpus", str(corpus), "--batch-size", "3", *ENC]
     assert main([*write, "--memory", str(tmp_path / "one")]) == 0
@@ -117,9 +117,9 @@ def test_sharded_writes_merge_into_the_single_process_memory(tmp_path, monkeypat
 
 
 def test_merge_refuses_an_incomplete_or_mixed_set_of_shards(tmp_path, monkeypatch, capsys):
-    import memllm_jax.decode.io as io
+    import memllm_jax.model.load as load
 
-    monkeypatch.setattr(io, "load_model", lambda path, tokenizer=None: (PolicyModel(fact_policy, TOK.vocab_size), TOK))
+    monkeypatch.setattr(load, "load", lambda path, **kw: (PolicyModel(fact_policy, TOK.vocab_size), TOK))
     corpus = _corpus(tmp_path / "c.jsonl")
     write = ["memory", "write", "--model", "scripted", "--corpus", str(corpus), *ENC]
     for i in range(2):

@@ -109,10 +109,10 @@ def test_two_processes_train_like_one(runs):
     np.testing.assert_allclose(eval_two[0]["loss"], eval_one[0]["loss"], rtol=1e-5)
     assert train_one[-1]["loss"] < train_one[0]["loss"]
 
-    from memllm_jax.train.loop import load_trained_model
+    from memllm_jax.model.load import load
 
-    final_two = nnx.to_flat_state(nnx.state(load_trained_model(str(d / "two")), nnx.Param))
-    final_one = nnx.to_flat_state(nnx.state(load_trained_model(str(d / "one")), nnx.Param))
+    final_two = nnx.to_flat_state(nnx.state(load(d / "two", say=None)[0], nnx.Param))
+    final_one = nnx.to_flat_state(nnx.state(load(d / "one", say=None)[0], nnx.Param))
     assert [p for p, _ in final_two] == [p for p, _ in final_one] and len(final_one) > 10
     for (path, a), (_, b) in zip(final_two, final_one):
         np.testing.assert_allclose(np.asarray(a.get_value()), np.asarray(b.get_value()), atol=1e-5, err_msg=str(path))
@@ -123,7 +123,6 @@ def _restore(workdir: pathlib.Path, step: int):
     """The train state of `workdir/ckpt` at `step`, restored in this single process (8 devices) into the
     shardings of a freshly built state."""
     from memllm_jax.sharding import make_mesh
-    from memllm_jax.sources import build_model
     from memllm_jax.train import loop
     from memllm_jax.train import step as S
     from memllm_jax.train.checkpoint import Checkpointer
@@ -132,7 +131,7 @@ def _restore(workdir: pathlib.Path, step: int):
 
     cfg = config_from_json(json.loads((workdir / "train_config.json").read_text()))
     mesh = make_mesh(cfg.mesh)
-    split = S.split_model(build_model(cfg, mesh), cfg.mode)
+    split = S.split_model(loop.initial_model(cfg, mesh, None), cfg.mode)
     tx = make_optimizer(cfg, STEPS)
     state = S.init_train_state(split, tx, S.train_state_shardings(split, tx, mesh))
     ckpt = Checkpointer(str(workdir / "ckpt"), async_save=False)
@@ -155,9 +154,9 @@ def test_two_process_checkpoint_restores_in_one_process(runs):
             if jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
                 a, b = jax.random.key_data(a), jax.random.key_data(b)
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, err_msg=jax.tree_util.keystr(path))
-    from memllm_jax.train.loop import load_trained_model
+    from memllm_jax.model.load import load
 
-    final = dict(nnx.to_flat_state(nnx.state(load_trained_model(str(d / "two")), nnx.Param)))
+    final = dict(nnx.to_flat_state(nnx.state(load(d / "two", say=None)[0], nnx.Param)))
     restored = dict(nnx.to_flat_state(two.params))
     assert restored.keys() <= final.keys() and restored
     for path, v in restored.items():  # the last checkpoint holds the exported model's parameters

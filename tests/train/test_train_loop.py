@@ -13,6 +13,7 @@ import pytest
 from flax import nnx
 
 from memllm_jax.config import TINY, LoraConfig, MeshConfig
+from memllm_jax.model.load import load
 from memllm_jax.model.placement import create_model
 from memllm_jax.runtime import host_memory, train_hook
 from memllm_jax.train import loop
@@ -48,14 +49,14 @@ def test_pretraining_beats_unigram_and_writes_outputs(pretrained):
     assert os.path.getsize(r.plot_path) > 1000
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(r.workdir, "tb")))
     from memllm_jax.checkpoint import is_checkpoint, read_stored
-    from memllm_jax.sources import open_model
+    from memllm_jax.model.load import identify
 
     assert r.model_dir == os.path.join(r.workdir, "model") and is_checkpoint(r.model_dir)
     stored = read_stored(r.model_dir)
     assert stored.step == 40 and stored.base is None and stored.tokenizer is not None  # full model + tokenizer
-    model = loop.load_trained_model(r.workdir)
-    direct, src = open_model(r.model_dir, say=None)
-    assert src.kind == "checkpoint"
+    model, _ = load(r.workdir, say=None)
+    direct, _ = load(r.model_dir, say=None)
+    assert identify(r.workdir).kind == "training workdir" and identify(r.model_dir).kind == "checkpoint"
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(nnx.state(model, nnx.Param)),
                                                     jax.tree.leaves(nnx.state(direct, nnx.Param))))
 
@@ -71,7 +72,7 @@ def lora_cfg(files, pretrained, workdir, **kw):
 
 
 def adapter(workdir):
-    state = nnx.state(loop.load_trained_model(workdir, merge=False), nnx.LoRAParam)
+    state = nnx.state(load(workdir, merge_lora=False, say=None)[0], nnx.LoRAParam)
     return [np.asarray(x) for x in jax.tree.leaves(state)]
 
 
@@ -87,15 +88,15 @@ def test_kill_and_resume_is_bitwise_equal(files, pretrained, tmp_path):
     again = loop.run(lora_cfg(files, pretrained, str(tmp_path / "a"), export_steps=(3,)))
     assert again.step == 6 and all(np.array_equal(x, y) for x, y in zip(a, adapter(again.workdir)))
     # `export_steps`: the model at step 3 is kept beside the final one, and it is an earlier adapter
-    mid = [np.asarray(x) for x in jax.tree.leaves(nnx.state(loop.load_trained_model(straight.workdir, merge=False,
-                                                                                     step=3), nnx.LoRAParam))]
+    mid = [np.asarray(x) for x in jax.tree.leaves(nnx.state(load(straight.workdir, merge_lora=False, step=3,
+                                                                    say=None)[0], nnx.LoRAParam))]
     assert len(mid) == len(a) and not all(np.array_equal(x, y) for x, y in zip(mid, a))
     evals = [json.loads(x) for x in open(straight.metrics_path)]
     evals = {x["step"]: x["loss"] for x in evals if x["kind"] == "eval"}
     assert set(evals) == {0, 3, 6} and evals[6] < evals[0]  # the adapter lowers the held-out span loss
     # the adapter checkpoint holds the adapters only: far smaller than the base
     n_adapter = sum(x.size for x in a)
-    n_base = sum(x.size for x in jax.tree.leaves(nnx.state(loop.load_trained_model(pretrained[1].workdir), nnx.Param)))
+    n_base = sum(x.size for x in jax.tree.leaves(nnx.state(load(pretrained[1].workdir, say=None)[0], nnx.Param)))
     assert n_adapter < 0.2 * n_base
     from memllm_jax.checkpoint import read_stored
 
