@@ -128,7 +128,7 @@ def plan_train(cfg, lora, mesh, batch: int, seq_len: int, micro_batches: int = 1
 
 def plan_decode(cfg, lora, mesh, batch: int, cache_len: int) -> Plan:
     """Compile one decode step: a one-token forward over a `cache_len`-slot KV cache in the form the decode
-    loops carry (stacked for scanned layers, else per layer: `decode.loop._layered`), the cache donated."""
+    loops carry (stacked for scanned layers, else per layer: `decode.graph.layered`), the cache donated."""
     import jax
     import jax.numpy as jnp
     from flax import nnx

@@ -20,10 +20,10 @@ Useful FLOPs, the work the task needs whatever the batching (the roofline's nume
 Roofline seconds = useful / ceiling (`bench.ceiling`); "of roofline" = (useful / measured seconds) / ceiling.
 
 Executed FLOPs, what the write path computes (it pads, so executed >= useful):
-  a prefill call of B rows x W tokens (W bucketed, `decode.loop.bucket`; padding rows and tokens included)
+  a prefill call of B rows x W tokens (W bucketed, `decode.shapes.bucket`; padding rows and tokens included)
       attending A cache slots: B W n_layers 2P + B 2DV + n_layers 4NH B W A (logits at each row's last token);
-      `decode.loop.prefill` makes one such call, or one per group of rows of similar length (`prefill_calls`);
-      `decode.prefix.prefill_shared` is two such calls (trunk rows, then every row's rest);
+      `decode.prefill.prefill` makes one such call, or one per group of rows of similar length (`prefill_calls`);
+      `decode.prefill.prefill_shared` is two such calls (trunk rows, then every row's rest);
   a decode step runs all B rows (batch padding and finished rows too) over the whole cache of S slots:
       B (n_layers (2P + 4NH S) + 2DV); the loop runs max_i(g_i + [row i stopped at a cut]) steps.
   refilled (`decode.refill`): a pool of B rows over the whole stream (S fits its longest prompt); row i runs
@@ -120,7 +120,7 @@ def useful_write_flops(cfg, prompts: Sequence[Sequence[int]], generated: Sequenc
 
 
 def prefill_call_flops(cfg, rows: int, width: int, slots: int) -> float:
-    """One `decode.loop._prefill` call: `rows` x `width` tokens (padding included), logits at each row's last
+    """One `decode.prefill.prefill` call: `rows` x `width` tokens (padding included), logits at each row's last
     token, each query against `slots` cache slots."""
     return rows * (width * body_flops(cfg) + head_flops(cfg)) + attention_flops(cfg, rows * width * slots)
 
@@ -131,9 +131,9 @@ def decode_step_flops(cfg, rows: int, slots: int) -> float:
 
 
 def _prefill_flops(cfg, lengths: np.ndarray, new: Sequence[int], max_len: int) -> float:
-    """`decode.loop.prefill` of `new[b]` tokens after `lengths[b]` cached ones: its pieces, and each piece's calls
+    """`decode.prefill.prefill` of `new[b]` tokens after `lengths[b]` cached ones: its pieces, and each piece's calls
     (`prefill_calls`: rows, bucketed widths, attended slots)."""
-    from memllm_jax.decode.loop import MAX_PREFILL, prefill_calls
+    from memllm_jax.decode.prefill import MAX_PREFILL, prefill_calls
 
     new = np.asarray(new, np.int64)
     lengths = np.asarray(lengths, np.int64)
@@ -150,8 +150,8 @@ def _prefill_flops(cfg, lengths: np.ndarray, new: Sequence[int], max_len: int) -
 
 
 def _shared_prefill_flops(cfg, rows: Sequence[Sequence[int]], n_active: int, max_len: int) -> float:
-    """`decode.prefix.prefill_shared`: the trunks' prefill, then each row's rest after its grafted prefix."""
-    from memllm_jax.decode.prefix import MIN_SAVED, plan_sharing
+    """`decode.prefill.prefill_shared`: the trunks' prefill, then each row's rest after its grafted prefix."""
+    from memllm_jax.decode.prefill import MIN_SAVED, plan_sharing
 
     B = len(rows)
     plan = plan_sharing(rows, n_active)
@@ -224,7 +224,7 @@ def executed_refill_flops(cfg, prompts: Sequence[Sequence[int]], generated: Sequ
                           share_prefixes: bool = True) -> WriteFlops:
     """FLOPs `decode.refill.refill_writes(prompts, pool=..., refill_at=...)` executes (module docstring)."""
     from memllm_jax.decode.refill import default_refill_at, fill_sizes
-    from memllm_jax.decode.writer import cache_slots
+    from memllm_jax.decode.shapes import cache_slots
 
     if not prompts:
         return WriteFlops(0.0, 0.0)

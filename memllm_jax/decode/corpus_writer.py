@@ -12,7 +12,7 @@ import re
 from typing import Any, Collection, Iterable, Iterator, Sequence
 
 from memllm_jax import protocol
-from memllm_jax.decode.loop import split_model
+from memllm_jax.decode.graph import split_model
 from memllm_jax.decode.refill import iter_refill_writes
 from memllm_jax.decode.writer import WriteDecoding, decode_writes, item_confidences
 

@@ -1,179 +1,22 @@
-"""Jitted building blocks: bucketed prefill into an existing cache, and the chunked read-decoding loop.
-
-The model crosses the jit boundary split into `graphdef` (static) and `params` (a pytree), and is merged
-inside the traced function. The loop object on the host keeps only hashable static fields; everything that
-changes lives in a `DecodeState` pytree.
+"""The chunked read-decoding loop: one jitted `while_loop` that samples, pauses at read calls (or serves them
+inside the loop through a host callback), and exits to the host. The loop object on the host keeps only
+hashable static fields (`LoopSpec`); everything that changes lives in a `DecodeState` pytree.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from memllm_jax.decode import state as st
+from memllm_jax.decode.graph import host, layered, merge, stacked
 from memllm_jax.decode.sampling import NEG_INF, SamplingConfig, choose
-
-MIN_BUCKET = 8
-
-
-def bucket(n: int, cap: int | None = None) -> int:
-    """Smallest value >= n of 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, ... (four steps per power of two, at
-    least MIN_BUCKET): few distinct prefill shapes, and at most ~1/5 of a prefill is padding (plain
-    powers of two waste up to half, e.g. 129 tokens -> 256; prefill is compute-bound, so padding costs
-    its full share)."""
-    b = MIN_BUCKET
-    while b < n:
-        b += 1 << max(0, (b.bit_length() - 1) - 2)
-    return b if cap is None else max(min(b, cap), n)
-
-
-def _last_logits(model, tokens_BxL, positions_BxL, mask_BxL, cache, last_B):
-    """The logits after token `last_B[b]` of each row, and the updated cache. A `Mistral` runs its LM head there
-    only (at every position the head is a fifth of a 135M model's prefill FLOPs); other models (the tests'
-    scripted ones) give logits everywhere."""
-    from memllm_jax.model.mistral import Mistral
-
-    if isinstance(model, Mistral):
-        hidden_BxLxD, cache = model(tokens_BxL, positions_BxL, mask_BxL, cache=cache, return_hidden=True)
-        return model.head(jnp.take_along_axis(hidden_BxLxD, last_B[:, None, None], axis=1))[:, 0], cache
-    logits_BxLxV, cache = model(tokens_BxL, positions_BxL, mask_BxL, cache=cache)
-    return jnp.take_along_axis(logits_BxLxV, last_B[:, None, None], axis=1)[:, 0], cache
-
-
-def _prefill_impl(graphdef, params, cache, logits_BxV, tokens_BxL, n_B, attend=None):
-    """`attend`: run the model on the first `attend` slots of the cache only (every row's length after
-    this prefill fits in them; later slots are neither read nor written), then put them back. Prefill
-    attention is batched (B x K) small matmuls, slow on CPU, so a 128-token prompt in a 192-slot cache
-    should not attend to 192 slots."""
-    model = merge(graphdef, params)
-    full = cache
-    if attend is not None:
-        cache = full.first_slots(attend)
-    L = tokens_BxL.shape[1]
-    mask_BxL = jnp.arange(L)[None, :] < n_B[:, None]
-    positions_BxL = cache.lengths_B[:, None] + jnp.arange(L, dtype=jnp.int32)[None, :]
-    last_BxV, cache = _last_logits(model, tokens_BxL, positions_BxL, mask_BxL, cache, jnp.maximum(n_B - 1, 0))
-    if attend is not None:
-        cache = full.with_first_slots(cache)
-    return cache, jnp.where((n_B > 0)[:, None], last_BxV, logits_BxV)
-
-
-_prefill = jax.jit(_prefill_impl, static_argnames=("graphdef", "attend"))
-_prefill_donating = jax.jit(_prefill_impl, static_argnames=("graphdef", "attend"), donate_argnames=("cache",))
-"""`_prefill` updating the given cache in place (no copy of the whole cache per call); the input cache is
-invalid afterwards."""
-
-
-def _attend_slots(lengths_B: np.ndarray, n: np.ndarray, L: int, max_len: int) -> int | None:
-    """Slots a prefill of `n` tokens per row after `lengths_B` cached ones must see: the prefill width when every
-    row is empty (a fresh prompt), else the next power of two >= the longest resulting row; None = the whole
-    cache."""
-    need = int((lengths_B + n).max(initial=0))
-    attend = L if need <= L else MIN_BUCKET
-    while attend < need:
-        attend *= 2
-    return attend if attend < max_len else None
-
-
-MAX_PREFILL = 256
-"""Longest prefill call: longer inputs go in pieces (bounds the B x L x V logits of one call)."""
-MIN_GROUP = 8
-"""Fewest rows of a prefill call on some of the cache's rows (`prefill_calls`)."""
-CALL_COST_TOKENS = 64
-"""What one more prefill call costs, counted in padded tokens (dispatch, and copying its rows of the cache)."""
-
-
-class PrefillCall(NamedTuple):
-    """One jitted prefill call: `rows` (cache rows, `B` marking a padding row; None = every row, in place), each
-    fed up to `width` tokens, attending to the first `attend` cache slots (None = all)."""
-
-    rows: np.ndarray | None
-    width: int
-    attend: int | None
-
-
-def prefill_calls(lengths_B: np.ndarray, n_B: np.ndarray, max_len: int) -> list[PrefillCall]:
-    """How `prefill` runs `n_B[b]` (<= MAX_PREFILL) new tokens after `lengths_B[b]` cached ones in a cache of
-    `max_len` slots. Prefill is compute-bound here, so every row costs the call's (bucketed) width: one call over
-    all rows pads a 35-token prompt to the 129-token one's width (160) and computes the empty rows too. Instead the
-    non-empty rows, sorted by length, can go in groups of g rows (a power of two >= MIN_GROUP, below the batch),
-    each group at its own width; this picks whichever computes the fewest tokens (+ CALL_COST_TOKENS a call)."""
-    B = len(n_B)
-    width = bucket(int(n_B.max(initial=1)), cap=max_len)
-    best = [PrefillCall(None, width, _attend_slots(lengths_B, n_B, width, max_len))]
-    best_cost = B * width + CALL_COST_TOKENS
-    order = np.argsort(-n_B, kind="stable")[:int((n_B > 0).sum())]  # non-empty rows, longest first
-    g = MIN_GROUP
-    while g < B and len(order):
-        calls = []
-        for start in range(0, len(order), g):
-            rows = order[start:start + g]
-            w = bucket(int(n_B[rows].max()), cap=max_len)
-            calls.append(PrefillCall(np.concatenate([rows, np.full(g - len(rows), B)]), w,
-                                     _attend_slots(lengths_B[rows], n_B[rows], w, max_len)))
-        cost = sum(g * c.width + CALL_COST_TOKENS for c in calls)
-        if cost < best_cost:
-            best, best_cost = calls, cost
-        g *= 2
-    return best
-
-
-def prefill(graphdef, params, cache, logits_BxV, rows: Sequence[Sequence[int]], pad_id: int = 0,
-            donate: bool = False):
-    """Append `rows[b]` (may be empty) to each row's cache; returns the cache and the logits of the next
-    token (unchanged for rows with nothing to append). The length is bucketed, so repeated memory round
-    trips reuse a few compiled shapes; rows of very different lengths go in groups (`prefill_calls`; the
-    model's stacked `KVCache` only). `donate`: the given cache's buffers are updated in place and must not be
-    used afterwards."""
-    from memllm_jax.model.mistral import KVCache
-
-    longest = max((len(r) for r in rows), default=0)
-    if longest > MAX_PREFILL:
-        for start in range(0, longest, MAX_PREFILL):
-            piece = [list(r[start : start + MAX_PREFILL]) for r in rows]
-            cache, logits_BxV = prefill(graphdef, params, cache, logits_BxV, piece, pad_id, donate)
-        return cache, logits_BxV
-    n = np.array([len(r) for r in rows], np.int32)
-    if not isinstance(cache, KVCache) or isinstance(cache.k_LxBxKxHxS, (tuple, list)):
-        calls = [PrefillCall(None, bucket(int(n.max(initial=1)), cap=getattr(cache, "max_len", None)), None)]
-    else:
-        calls = prefill_calls(host(cache.lengths_B), n, cache.max_len)
-    B = len(rows)
-    for call in calls:
-        picked = np.arange(B) if call.rows is None else call.rows
-        n_G = np.array([n[b] if b < B else 0 for b in picked], np.int32)
-        tokens = np.full((len(picked), call.width), pad_id, np.int32)
-        for i, b in enumerate(picked):
-            if b < B:
-                tokens[i, : n[b]] = rows[b]
-        if call.rows is None:
-            run = _prefill_donating if donate else _prefill
-            cache, logits_BxV = run(graphdef, params, cache, logits_BxV, tokens, n_G, attend=call.attend)
-        else:
-            run = _prefill_rows_donating if donate else _prefill_rows
-            cache, logits_BxV = run(graphdef, params, cache, logits_BxV, jnp.asarray(call.rows, jnp.int32), tokens,
-                                    n_G, attend=call.attend)
-            donate = True  # the cache is this function's own from here on
-    return cache, logits_BxV
-
-
-def _prefill_rows_impl(graphdef, params, cache, logits_BxV, rows_G, tokens_GxL, n_G, attend=None):
-    """`_prefill_impl` on cache rows `rows_G` only (an index >= B is a padding row: read as empty, not written)."""
-    part = cache.take_rows(rows_G)
-    part_logits = jnp.take(logits_BxV, rows_G, axis=0, mode="fill", fill_value=0)
-    part, part_logits = _prefill_impl(graphdef, params, part, part_logits, tokens_GxL, n_G, attend)
-    return cache.put_rows(rows_G, part), logits_BxV.at[rows_G].set(part_logits, mode="drop")
-
-
-_prefill_rows = jax.jit(_prefill_rows_impl, static_argnames=("graphdef", "attend"))
-_prefill_rows_donating = jax.jit(_prefill_rows_impl, static_argnames=("graphdef", "attend"),
-                                 donate_argnames=("cache", "logits_BxV"))
+from memllm_jax.decode.shapes import attend_window
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,24 +48,6 @@ class LoopSpec:
     """In-loop reads: how the loop calls the host, "buffer" (`jax.experimental.buffer_callback`, CPU and GPU),
     "io" (`jax.experimental.io_callback`, every backend) or "auto" (buffer where supported)."""
 
-
-def _layered(cache: Any, model: Any) -> Any:
-    """Per-layer cache buffers for the loop carry of an unrolled model (see `mistral.unstack_cache`). A scanned
-    model (`ModelConfig.scan_layers`) scans over the stacked cache, so it stays stacked: slower for the tiny
-    CPU models (1.1-2x per token), but only one layer's gathered weights are live at a time (a 7B decode step
-    on fsdp 8 would otherwise hold every layer's). `split_model` gives small single-device scanned models to
-    the loops unrolled."""
-    from memllm_jax.model.mistral import KVCache, unstack_cache
-
-    if not isinstance(cache, KVCache) or getattr(getattr(model, "cfg", None), "scan_layers", False):
-        return cache
-    return unstack_cache(cache)
-
-
-def _stacked(cache: Any) -> Any:
-    from memllm_jax.model.mistral import KVCache, stack_cache
-
-    return stack_cache(cache) if isinstance(cache, KVCache) else cache
 
 
 def _read_step(model, spec: LoopSpec, s: st.DecodeState) -> st.DecodeState:
@@ -413,10 +238,7 @@ def read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec, server: int 
     if isinstance(s.cache, KVCache) and not isinstance(s.cache.k_LxBxKxHxS, (tuple, list)):
         if longest is None:
             longest = int(host(s.cache.lengths_B).max(initial=0))
-        attend = 2 * MIN_BUCKET
-        while attend < longest + spec.chunk:
-            attend *= 2
-        attend = attend if attend < s.cache.max_len else None
+        attend = attend_window(longest, spec.chunk, s.cache.max_len)
     if spec.answer_width and server is None:
         raise ValueError("read_chunk: in-loop reads (spec.answer_width > 0) need a server id")
     server_id = np.int32(server) if spec.answer_width else None
@@ -446,139 +268,10 @@ def _read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec, attend: int
             s = _serve_reads(spec, server_id, s)
         return i + 1, s
 
-    s = jax.lax.while_loop(cond, body, (jnp.int32(0), s.replace(cache=_layered(s.cache, model))))[1]
-    cache = _stacked(s.cache)
+    s = jax.lax.while_loop(cond, body, (jnp.int32(0), s.replace(cache=layered(s.cache, model))))[1]
+    cache = stacked(s.cache)
     if attend is not None:
         cache = full.with_first_slots(cache)
     s = s.replace(cache=cache)
     return s, st.pack_rows(s)
 
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _empty_cache(cfg, batch: int, max_len: int):
-    from memllm_jax.model.mistral import init_cache
-
-    return init_cache(cfg, batch, max_len)
-
-
-def cache_factory(model: Any):
-    """`make_cache(batch, max_len)` for `model`: its own `make_cache` if it has one, else an empty
-    `KVCache` built by one jitted call (three host-side zero arrays cost three dispatches)."""
-    if hasattr(model, "make_cache"):
-        return model.make_cache
-    return functools.partial(_empty_cache, model.cfg)
-
-
-def vocab_size(model: Any, tokenizer: Any) -> int:
-    """Rows of the model's LM head (may exceed the tokenizer's ids)."""
-    cfg = getattr(model, "cfg", None)
-    return int(cfg.vocab_size) if cfg is not None else int(getattr(model, "vocab_size", tokenizer.vocab_size))
-
-
-class StaticGraph:
-    """A model's `graphdef` as a jit static argument whose hash is computed once.
-
-    jit hashes its static arguments on every call, and hashing an nnx graphdef walks the whole module
-    graph (~2 ms for the 2-layer bench model here, i.e. a noticeable share of a one-sentence write)."""
-
-    __slots__ = ("graphdef", "_hash")
-
-    def __init__(self, graphdef: Any):
-        self.graphdef, self._hash = graphdef, hash(graphdef)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, StaticGraph) and self._hash == other._hash
-                                 and self.graphdef == other.graphdef)
-
-
-def merge(graphdef: Any, params: Any) -> Any:
-    """`nnx.merge` for a graphdef or a `StaticGraph`."""
-    return nnx.merge(graphdef.graphdef if isinstance(graphdef, StaticGraph) else graphdef, params)
-
-
-_INTERNED: list[StaticGraph] = []
-
-
-def _intern(graphdef: Any) -> StaticGraph:
-    static = StaticGraph(graphdef)
-    for known in _INTERNED:
-        if known == static:
-            return known
-    _INTERNED[:] = [static] + _INTERNED[:7]
-    return static
-
-
-UNROLL_MAX_BYTES = 1 << 28
-"""Largest stacked layer parameters (bytes) that `split_model` copies into an unrolled decoding form."""
-
-_UNROLLED: list[tuple[StaticGraph, tuple, tuple[StaticGraph, Any]]] = []
-"""The last unrolled form: (scanned graph, its parameter arrays, the unrolled split)."""
-
-
-def _unrollable(model: Any, params: Any) -> bool:
-    """A scanned `Mistral` whose stacked layers are small and on one device: decoding it unrolled is 1.4-1.8x
-    faster per step on CPU (batch 1 and 16, d_model 128, 2 layers, measured), as each scanned step slices
-    every layer's cache (or, given per-layer caches, its weights) off the stack. A sharded model stays
-    scanned (only one layer's gathered weights live at a time), and so does a large one (the copy of its
-    layer weights costs more memory than the per-step slices cost time). Counting the kernels of the copy at their
-    bf16 operand size instead made SmolLM2 unrolled and the main job's rows 1 and 2 slower together (194 s + 201 s
-    against 203 s + 145 s scanned), so the bound counts the stored weights."""
-    from memllm_jax.model.mistral import Mistral
-
-    if not isinstance(model, Mistral) or not model.cfg.scan_layers:
-        return False
-    layers = jax.tree.leaves(params["layers"])
-    one_device = all(len(x.sharding.device_set) == 1 for x in layers if isinstance(x, jax.Array))
-    return one_device and sum(x.nbytes for x in layers) <= UNROLL_MAX_BYTES
-
-
-def _unrolled_split(static: StaticGraph, params: Any) -> tuple[StaticGraph, Any]:
-    """The split of an unrolled copy of the scanned model `(static, params)`: its blocks' variables are slices
-    of the stack (copied once), everything else is shared. The last one is kept, keyed by the identity of
-    the parameter arrays (updated weights are new arrays)."""
-    from memllm_jax.model.mistral import unstack_blocks
-
-    arrays = tuple(jax.tree.leaves(params))
-    for graph, known, split in _UNROLLED:
-        if graph is static and len(known) == len(arrays) and all(a is b for a, b in zip(known, arrays)):
-            return split
-    copy = merge(static, params)
-    copy.layers = nnx.List(unstack_blocks(copy.layers, copy.cfg.n_layers))
-    copy.cfg = dataclasses.replace(copy.cfg, scan_layers=False)
-    _store_kernels_as_operands(copy.layers)
-    graphdef, unrolled = nnx.split(copy)
-    split = (_intern(graphdef), unrolled)
-    _UNROLLED[:] = [(static, arrays, split)]
-    return split
-
-
-def _store_kernels_as_operands(blocks) -> None:
-    """Store the blocks' linear kernels (the copies `_unrolled_split` made) in their matmul operand dtype
-    (`ModelConfig.matmul_dtype`) when that is narrower: the products are the same, as the matmul rounds its
-    operands to that dtype anyway, and the decoding loop no longer converts every kernel at every step."""
-    from memllm_jax.model.mistral import Linear
-
-    for block in blocks:
-        for _, module in nnx.iter_modules(block):
-            if isinstance(module, Linear):
-                operand = jnp.dtype(module.operand_dtype)
-                if operand.itemsize < module.kernel[...].dtype.itemsize:
-                    module.kernel.set_value(module.kernel[...].astype(operand))
-
-
-def split_model(model: Any) -> tuple[StaticGraph, Any]:
-    """`(graphdef, params)` for the jitted functions. Equal graphdefs give the same `StaticGraph` object
-    (the last few are kept), so jit's cache lookups of later calls succeed on identity. A small scanned model
-    on one device is split in an unrolled form (`_unrollable`); the decoded tokens are the same."""
-    graphdef, params = nnx.split(model)
-    static = _intern(graphdef)
-    if _unrollable(model, params):
-        return _unrolled_split(static, params)
-    return static, params
-
-
-def host(x: Any) -> np.ndarray:
-    return np.asarray(jax.device_get(x))

@@ -29,8 +29,9 @@ import numpy as np
 from memllm_jax import protocol
 from memllm_jax.decode import state as st
 from memllm_jax.decode.calls import ApiCall, CallBook, Row
-from memllm_jax.decode.loop import (LoopSpec, cache_factory, host, prefill, read_chunk, register_server,
-                                    release_server, split_model, vocab_size)
+from memllm_jax.decode.graph import cache_factory, host, split_model, vocab_size
+from memllm_jax.decode.loop import LoopSpec, read_chunk, register_server, release_server
+from memllm_jax.decode.prefill import prefill
 from memllm_jax.decode.sampling import GREEDY, SamplingConfig
 
 __all__ = ["ApiCall", "GenerationResult", "ReadController", "READS", "choose_reads", "encode_prompt",

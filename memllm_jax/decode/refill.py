@@ -22,9 +22,11 @@ import jax
 import jax.numpy as jnp
 
 from memllm_jax.decode import state as st
-from memllm_jax.decode.loop import _layered, cache_factory, merge, split_model, vocab_size
-from memllm_jax.decode.writer import (WriteDecoding, WriteSpec, _write_step, cache_slots, decode_writes, host_rows,
-                                      initial_state, prefill_prompts, row_results, write_spec)
+from memllm_jax.decode.graph import cache_factory, layered, merge, split_model, vocab_size
+from memllm_jax.decode.shapes import cache_slots
+from memllm_jax.decode.step import run_writes
+from memllm_jax.decode.writer import (WriteDecoding, WriteSpec, decode_writes, host_rows, initial_state,
+                                      prefill_prompts, row_results, write_spec)
 
 REFILL_FRACTION = 0.25
 """Default `refill_at` as a fraction of the pool (`default_refill_at`). Refilling at every stop costs a loop exit
@@ -53,10 +55,10 @@ def exit_at(pool: int, running: int, pending: int, refill_at: int) -> int:
 
 
 def row_axes(graphdef, params, make_cache, rows: int, max_len: int) -> tuple[int, ...] | None:
-    """Per leaf of the loop's cache (the form `write_loop` carries, `loop._layered`), the axis along which its
+    """Per leaf of the loop's cache (the form `write_loop` carries, `graph.layered`), the axis along which its
     rows lie: the one axis whose size follows the row count. None when a leaf has no such axis."""
     def shapes(n):
-        return jax.eval_shape(lambda p: _layered(make_cache(n, max_len), merge(graphdef, p)), params)
+        return jax.eval_shape(lambda p: layered(make_cache(n, max_len), merge(graphdef, p)), params)
 
     (one, tree), (more, tree_more) = (jax.tree.flatten(shapes(n)) for n in (rows, rows + 1))
     if tree != tree_more:
@@ -74,7 +76,7 @@ def row_axes(graphdef, params, make_cache, rows: int, max_len: int) -> tuple[int
 def _empty_pool(graphdef, params, cache, logits_BxV, spec: WriteSpec) -> st.WriteState:
     """A pool whose rows are all free (IDLE), its cache in the loop's form."""
     s = initial_state(cache, logits_BxV, 0, spec)
-    return s.replace(cache=_layered(cache, merge(graphdef, params)))
+    return s.replace(cache=layered(cache, merge(graphdef, params)))
 
 
 def _put_rows(axis: int, rows_K: jax.Array, old, new):
@@ -87,7 +89,7 @@ def _graft(graphdef, params, pool: st.WriteState, cache, logits_KxV, rows_K, spe
            axes: tuple[int, ...]) -> st.WriteState:
     """Pool rows `rows_K[i]` take row i of the freshly prefilled `cache` / `logits_KxV` and its `initial_state`.
     `pool` is donated: its buffers are updated in place."""
-    fresh = initial_state(_layered(cache, merge(graphdef, params)), logits_KxV, logits_KxV.shape[0], spec)
+    fresh = initial_state(layered(cache, merge(graphdef, params)), logits_KxV, logits_KxV.shape[0], spec)
     old, tree = jax.tree.flatten(pool.cache)
     cache = jax.tree.unflatten(tree, [_put_rows(a, rows_K, o, n)
                                       for a, o, n in zip(axes, old, jax.tree.leaves(fresh.cache))])
@@ -97,15 +99,9 @@ def _graft(graphdef, params, pool: st.WriteState, cache, logits_KxV, rows_K, spe
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"), donate_argnames=("s",))
 def _run(graphdef, params, s: st.WriteState, exit_at_rows, spec: WriteSpec) -> tuple[st.WriteState, jax.Array]:
-    """`writer.write_loop` on the pool until at least `exit_at_rows` rows are not running (or none runs); the cache
+    """`step.run_writes` on the pool until at least `exit_at_rows` rows are not running (or none runs); the cache
     stays in the loop's form between calls. Also returns the steps run."""
-    model = merge(graphdef, params)
-
-    def more(carry):
-        running_B = carry[0].status_B == st.RUNNING
-        return jnp.any(running_B) & (jnp.sum(~running_B) < exit_at_rows)
-
-    return jax.lax.while_loop(more, lambda c: (_write_step(model, spec, c[0]), c[1] + 1), (s, jnp.int32(0)))
+    return run_writes(merge(graphdef, params), spec, s, exit_at_rows)
 
 
 def iter_refill_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]],

@@ -24,9 +24,10 @@ import numpy as np
 
 from memllm_jax import protocol
 from memllm_jax.decode import item_bans, state as st
-from memllm_jax.decode.loop import _layered, _stacked, cache_factory, merge, prefill, split_model, vocab_size
-from memllm_jax.decode.prefix import prefill_shared
-from memllm_jax.decode.sampling import argmax
+from memllm_jax.decode.graph import cache_factory, layered, merge, split_model, stacked, vocab_size
+from memllm_jax.decode.prefill import prefill, prefill_shared
+from memllm_jax.decode.shapes import cache_slots
+from memllm_jax.decode.step import run_writes
 
 PATIENCE = 5
 """K in Appendix A."""
@@ -76,72 +77,12 @@ def write_decoding(tokenizer, *, ban_repeats: int = 0, **options) -> WriteDecodi
     return WriteDecoding(bans=bans, **options)
 
 
-def _write_step(model, spec: WriteSpec, s: st.WriteState) -> st.WriteState:
-    B, T = s.out_BxT.shape
-    running_B = s.status_B == st.RUNNING
-    logits_BxV = s.logits_BxV
-    if spec.bans is not None:
-        prefix_hash_B = item_bans.span_hash(s.out_BxT, s.bans.item_start_B, s.n_out_B)
-        logits_BxV = item_bans.mask_banned(logits_BxV, s.bans, prefix_hash_B)
-    logp_BxV = jax.nn.log_softmax(logits_BxV, axis=-1)
-    # Top-2 by two argmaxes: lax.top_k lowers to a full sort of every row on CPU (~1 ms per step at B=16).
-    first_B = argmax(logits_BxV)
-    hit_BxV = jnp.arange(logits_BxV.shape[1])[None, :] == first_B[:, None]
-    second_B = argmax(jnp.where(hit_BxV, -jnp.inf, logits_BxV))
-    is_cut_B = running_B & (first_B == spec.close_id)
-    cut_score_B = (s.sum_logp_B + logp_BxV[:, spec.close_id]) / (s.n_out_B + 1).astype(jnp.float32)
-    improve_B = is_cut_B & (cut_score_B > s.best_score_B)
-    no_improve_B = jnp.where(is_cut_B, jnp.where(improve_B, 0, s.no_improve_B + 1), s.no_improve_B)
-    stop_B = is_cut_B & ((no_improve_B >= spec.patience) | (not spec.late_stopping))
-    feed_B = running_B & ~stop_B
-    tok_B = jnp.where(is_cut_B, second_B, first_B)
-    tok_B = jnp.where(feed_B, tok_B, 0)
-    keep_B, n_B, cache, bans = feed_B, s.n_out_B + feed_B.astype(jnp.int32), s.cache, s.bans
-    model_tok_B, model_feed_B, repeat_B, dropped_B = tok_B, feed_B, jnp.zeros(B, bool), 0.0
-    if spec.bans is not None:
-        ban = item_bans.on_token(s.bans, spec.bans, s.out_BxT, s.n_out_B, prefix_hash_B, tok_B, feed_B)
-        keep_B = feed_B & ~ban.rewind_B & ~ban.stop_B
-        n_B = jnp.where(keep_B, n_B, ban.n_B)
-        model_tok_B = jnp.where(ban.rewind_B, ban.feed_tok_B, tok_B)
-        model_feed_B = feed_B & ~ban.stop_B
-        cache = cache.replace(lengths_B=jnp.where(ban.rewind_B, ban.feed_len_B, cache.lengths_B))
-        bans, repeat_B = ban.bans, ban.stop_B
-        taken_back_BxT = (jnp.arange(T)[None, :] >= n_B[:, None]) & (jnp.arange(T)[None, :] < s.n_out_B[:, None])
-        dropped_B = jnp.sum(jnp.where(taken_back_BxT, s.logp_BxT, 0.0), axis=1)  # log-probs of rewound tokens
-    logits_Bx1xV, cache = model(model_tok_B[:, None], cache.lengths_B[:, None], model_feed_B[:, None], cache=cache)
-    at_B = jnp.where(keep_B, s.n_out_B, T)
-    logp_tok_B = jnp.take_along_axis(logp_BxV, tok_B[:, None], 1)[:, 0]
-    out_BxT = s.out_BxT.at[jnp.arange(B), at_B].set(tok_B, mode="drop")
-    status_B = jnp.where(stop_B, st.STOPPED, s.status_B)
-    status_B = jnp.where(keep_B & (n_B >= spec.max_new_tokens), st.BUDGET, status_B)
-    status_B = jnp.where(model_feed_B & (cache.lengths_B >= spec.max_len), st.FULL, status_B)
-    status_B = jnp.where(repeat_B, st.REPEAT, status_B)
-    status_B = jnp.where(keep_B & (tok_B == spec.eos_id), st.EOS, status_B)
-    best_score_B = jnp.where(improve_B, cut_score_B, s.best_score_B)
-    best_cut_B = jnp.where(improve_B, s.n_out_B, s.best_cut_B)
-    lost_B = best_cut_B > n_B  # a cut point inside the tokens a rewind took back
-    return s.replace(
-        cache=cache,
-        logits_BxV=jnp.where(model_feed_B[:, None], logits_Bx1xV[:, 0], s.logits_BxV),
-        out_BxT=out_BxT,
-        logp_BxT=s.logp_BxT.at[jnp.arange(B), at_B].set(logp_tok_B, mode="drop"),
-        n_out_B=n_B,
-        status_B=status_B,
-        sum_logp_B=s.sum_logp_B + jnp.where(keep_B, logp_tok_B, 0.0) - dropped_B,
-        best_score_B=jnp.where(lost_B, -jnp.inf, best_score_B),
-        best_cut_B=jnp.where(lost_B, -1, best_cut_B),
-        n_cuts_B=s.n_cuts_B + is_cut_B.astype(jnp.int32),
-        no_improve_B=no_improve_B,
-        bans=bans,
-    )
-
-
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"))
 def write_loop(graphdef, params, s: st.WriteState, spec: WriteSpec) -> st.WriteState:
+    """`step.run_writes` until every row has stopped, the cache in its stacked form before and after."""
     model = merge(graphdef, params)
-    s = jax.lax.while_loop(lambda s: jnp.any(s.status_B == st.RUNNING),
-                           lambda s: _write_step(model, spec, s), s.replace(cache=_layered(s.cache, model)))
-    return s.replace(cache=_stacked(s.cache))
+    s, _ = run_writes(model, spec, s.replace(cache=layered(s.cache, model)), s.status_B.shape[0] + 1)
+    return s.replace(cache=stacked(s.cache))
 
 
 def initial_state(cache, logits_BxV: jax.Array, n_active, spec: WriteSpec) -> st.WriteState:
@@ -164,12 +105,6 @@ def _start_and_loop(graphdef, params, cache, logits_BxV, n_active, spec: WriteSp
     return write_loop(graphdef, params, initial_state(cache, logits_BxV, n_active, spec), spec)
 
 
-def cache_slots(longest_prompt: int, max_new_tokens: int) -> int:
-    """Cache length for prompts of up to `longest_prompt` tokens and their calls, rounded up to a multiple of 64
-    (few distinct cache sizes, so few compiles)."""
-    return -(-(longest_prompt + max_new_tokens + 1) // 64) * 64
-
-
 def write_spec(tokenizer, decoding: WriteDecoding, max_len: int) -> WriteSpec:
     """The loop's settings for `decoding` with a cache of `max_len` slots."""
     return WriteSpec(**{f.name: getattr(decoding, f.name) for f in dataclasses.fields(WriteDecoding)},
@@ -179,7 +114,7 @@ def write_spec(tokenizer, decoding: WriteDecoding, max_len: int) -> WriteSpec:
 def prefill_prompts(graphdef, params, make_cache, max_len: int, vocab: int, rows: Sequence[Sequence[int]],
                     n_active: int, share_prefixes: bool):
     """A cache of `len(rows)` rows holding the prompts `rows[:n_active]` (later rows empty), and each row's
-    next-token logits; `share_prefixes`: through `prefix.prefill_shared`."""
+    next-token logits; `share_prefixes`: through `prefill.prefill_shared`."""
     if share_prefixes:
         return prefill_shared(graphdef, params, make_cache, max_len, vocab, rows, n_active=n_active)
     B = len(rows)
@@ -215,7 +150,7 @@ def decode_writes(model, tokenizer, prompt_ids: Sequence[Sequence[int]], decodin
     the chosen cut (`ids`), their log-probabilities, the call text, the cut points and the stop reason.
 
     `share_prefixes`: prompts sharing a token prefix (one document's pretext) prefill it once
-    (`prefix.prefill_shared`). `split`: `split_model(model)` when the caller already has it. A stream of more
+    (`prefill.prefill_shared`). `split`: `split_model(model)` when the caller already has it. A stream of more
     prompts than one batch: `refill.refill_writes`."""
     B = len(prompt_ids)
     if B == 0:

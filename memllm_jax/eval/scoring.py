@@ -16,12 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from memllm_jax.decode.graph import cache_factory, host, merge, split_model
+from memllm_jax.decode.prefill import prefill
 from memllm_jax.decode.sampling import argmax
+from memllm_jax.decode.shapes import doubled, round_up
 from memllm_jax.model.mistral import init_cache
-
-
-def _bucket(n: int, quantum: int = 64) -> int:
-    return max(quantum, -(-n // quantum) * quantum)
 
 
 def batches_by_length(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
@@ -112,7 +111,7 @@ class Scorer:
             longest = max(len(s) for s in chunk)
             if longest > self.max_len:
                 raise ValueError(f"sequence of {longest} tokens exceeds the model's max_seq_len {self.max_len}")
-            L = min(_bucket(longest), max(self.max_len, longest))
+            L = min(round_up(longest), max(self.max_len, longest))
             lp, lmr, am = jax.device_get(self._score(self.state, *self._pad(chunk, L)))
             for b, (i, s) in enumerate(zip(batch, chunk)):
                 n = len(s) - 1
@@ -124,7 +123,7 @@ class Scorer:
         out: list[SeqScores | None] = [None] * len(seqs)
         for batch in batches_by_length([len(s) for s in seqs], self.batch_size):
             chunk = [list(seqs[i]) for i in batch]
-            L = _bucket(max(len(s) for s in chunk))
+            L = round_up(max(len(s) for s in chunk))
             tokens, mask = self._pad(chunk, L)
             lp, lmr, am, cache = self._score_cached(self.state, tokens, mask, self._empty_cache(L))
             lp, lmr, am, k, v = jax.device_get((lp, lmr, am, cache.k_LxBxKxHxS, cache.v_LxBxKxSxH))
@@ -152,8 +151,8 @@ class Scorer:
         out: list[SeqScores | None] = [None] * len(items)
         for batch in batches_by_length([len(c) for _, _, c in items], self.batch_size):
             chunk = [items[i] for i in batch]
-            S = _bucket(max(P + len(c) for _, P, c in chunk))
-            Lc = _bucket(max(len(c) for _, _, c in chunk), 16)
+            S = round_up(max(P + len(c) for _, P, c in chunk))
+            Lc = round_up(max(len(c) for _, _, c in chunk), 16)
             for prefix, P, _ in chunk:
                 if not 0 < P <= len(prefix.lp_mr):
                     raise ValueError(f"continuation after {P} tokens of a kept sequence of {len(prefix.lp_mr) + 1}: "
@@ -173,12 +172,10 @@ class Scorer:
 
 class GreedyGenerator:
     """Batched greedy decoding with a KV cache until one of `stop_ids` (kept) or `max_new` tokens: the prompt
-    prefilled as the decoding loop does (`decode.loop.prefill`), then every new token of a batch in one jitted
+    prefilled as the decoding loop does (`decode.prefill.prefill`), then every new token of a batch in one jitted
     while-loop (no host round trip per token), on caches of a few power-of-two lengths (few compiled shapes)."""
 
     def __init__(self, model: nnx.Module, batch_size: int = 8, pad_id: int = 0):
-        from memllm_jax.decode.loop import cache_factory, split_model
-
         self.graphdef, self.params = split_model(model)
         self.cfg = getattr(model, "cfg", None)
         self._own_cache = hasattr(model, "make_cache")  # scripted test models keep their context themselves
@@ -191,8 +188,6 @@ class GreedyGenerator:
         """New tokens per prefix, ending with the stop token when one was produced. With `kept[i] = (kv, P)`,
         the first P tokens of prefix i are taken from kept keys / values (`Scorer.score(..., keep_kv=True)`)
         and only the rest is encoded (models without their own cache only)."""
-        from memllm_jax.decode.loop import host, prefill
-
         stops_S = jnp.asarray(sorted(set(int(s) for s in stop_ids)), jnp.int32)
         B = self.batch_size
         out: list[list[int]] = [[] for _ in prefixes]
@@ -203,9 +198,7 @@ class GreedyGenerator:
             done_P = [0] * len(chunk) if kept is None else [kept[i][1] for i in batch]
             longest = max(len(p) for p in chunk)
             need = longest + max_new
-            cache_len = 128
-            while cache_len < need:
-                cache_len *= 2
+            cache_len = doubled(need, 128)
             if self.cfg is not None:
                 cache_len = min(cache_len, max(int(self.cfg.max_seq_len), need))
             cache = self._make_cache(B, cache_len)
@@ -226,8 +219,6 @@ class GreedyGenerator:
 def _greedy(graphdef, params, cache, logits_BxV, stops_S, idle_B, max_new: int):
     """Greedy tokens after the prefilled `cache` / `logits_BxV`: row b's new tokens in `[b, :n]`, -1 after; a
     row stops after a token in `stops_S` (kept), the loop once every row stopped or after `max_new` tokens."""
-    from memllm_jax.decode.loop import merge
-
     model = merge(graphdef, params)
     B = logits_BxV.shape[0]
 

@@ -104,18 +104,19 @@ def xla_model():
 
 @pytest.mark.parametrize("rows, width, slots, attend", [(2, 32, 64, None), (3, 16, 32, 32)])
 def test_prefill_call_flops_match_xla(xla_model, rows, width, slots, attend):
-    from memllm_jax.decode.loop import _prefill, cache_factory, split_model
+    from memllm_jax.decode import prefill
+    from memllm_jax.decode.graph import cache_factory, split_model
 
     graphdef, params = split_model(xla_model)
     cache = cache_factory(xla_model)(rows, 64)
-    xla = _prefill.lower(graphdef, params, cache, jnp.zeros((rows, XLA_CFG.vocab_size)),
-                         jnp.zeros((rows, width), jnp.int32), jnp.full((rows,), width, jnp.int32),
-                         attend=attend).compile().cost_analysis()["flops"]
+    xla = prefill._prefill.lower(graphdef, params, cache, jnp.zeros((rows, XLA_CFG.vocab_size)),
+                                 jnp.zeros((rows, width), jnp.int32), jnp.full((rows,), width, jnp.int32),
+                                 attend=attend).compile().cost_analysis()["flops"]
     _close(R.prefill_call_flops(XLA_CFG, rows, width, slots), float(xla))
 
 
 def test_decode_step_flops_match_xla(xla_model):
-    from memllm_jax.decode.loop import cache_factory, merge, split_model
+    from memllm_jax.decode.graph import cache_factory, merge, split_model
 
     graphdef, params = split_model(xla_model)
     rows, slots = 4, 128

@@ -10,7 +10,8 @@ from flax import nnx
 
 from memllm_jax import protocol
 from memllm_jax.config import TINY
-from memllm_jax.decode.loop import prefill, split_model
+from memllm_jax.decode.graph import split_model
+from memllm_jax.decode.prefill import MAX_PREFILL, prefill
 from memllm_jax.decode.reader import ReadController, encode_prompt
 from memllm_jax.decode.scripted import CharTokenizer
 from memllm_jax.model.mistral import Mistral, init_cache
@@ -114,10 +115,8 @@ def test_call_removed_by_a_new_call_leaves_the_context_without_it():
 
 
 def test_long_prefill_in_pieces_equals_one_full_forward():
-    from memllm_jax.decode import loop
-
     ids = [TOK.bos_id] + TOK.encode("the quick brown fox jumps over the lazy dog " * 7)[:299]
-    assert len(ids) > loop.MAX_PREFILL
+    assert len(ids) > MAX_PREFILL
     graphdef, params = split_model(MODEL)
     cache, logits = prefill(graphdef, params, MODEL.make_cache(2, 512), jnp.zeros((2, TOK.vocab_size)), [ids, ids[:5]])
     assert cache.lengths_B.tolist() == [len(ids), 5]

@@ -1,4 +1,4 @@
-"""Prefill of rows of very different lengths in groups of similar length (`decode.loop.prefill_calls`): the plan
+"""Prefill of rows of very different lengths in groups of similar length (`decode.prefill.prefill_calls`): the plan
 covers every non-empty row once at less padded work, and on the real decoder the cache and next-token logits equal
 prefilling each row alone."""
 
@@ -9,7 +9,9 @@ import numpy as np
 from flax import nnx
 
 from memllm_jax.config import TINY
-from memllm_jax.decode.loop import CALL_COST_TOKENS, MIN_GROUP, bucket, prefill, prefill_calls, split_model
+from memllm_jax.decode.graph import split_model
+from memllm_jax.decode.prefill import CALL_COST_TOKENS, MIN_GROUP, prefill, prefill_calls
+from memllm_jax.decode.shapes import bucket
 from memllm_jax.model.mistral import Mistral, init_cache
 
 

@@ -10,8 +10,8 @@ from flax import nnx
 
 from memllm_jax.bench.decode import build
 from memllm_jax.config import TINY
-from memllm_jax.decode import prefix
-from memllm_jax.decode.loop import prefill, split_model
+from memllm_jax.decode.graph import split_model
+from memllm_jax.decode.prefill import MIN_SAVED, plan_sharing, prefill, prefill_shared
 from memllm_jax.decode.scripted import CharTokenizer
 from memllm_jax.decode.corpus_writer import iter_write_prompts, write_corpus, WriteDocument
 from memllm_jax.decode.writer import WriteDecoding, decode_writes
@@ -29,7 +29,7 @@ def test_plan_one_trunk_per_document_and_padding_untouched():
     a, b = doc_prompts("a"), doc_prompts("b", 3)
     b = [[TOK.bos_id] + TOK.encode("Other text. ") + p[1:] for p in b]  # another document: shares only BOS
     rows = a + b + [[TOK.bos_id]] * 2
-    plan = prefix.plan_sharing(rows, n_active=len(a) + len(b))
+    plan = plan_sharing(rows, n_active=len(a) + len(b))
     # trunks: each document's last (longest) prompt; its first, whose empty pretext shares nothing, is
     # prefilled whole in the second call (cheaper than one more padded trunk row)
     assert sorted(plan.trunks) == [len(a) - 1, len(a) + len(b) - 1]
@@ -42,10 +42,10 @@ def test_plan_one_trunk_per_document_and_padding_untouched():
     assert plan.shared[-2:] == (0, 0) and plan.src[-2:] == (0, 0)
     assert plan.saved == sum(plan.shared[r] for r in range(len(rows)) if r not in plan.trunks)
     # a prompt that is a prefix of another keeps its last token to compute
-    plan = prefix.plan_sharing([list(range(40)), list(range(30))])
+    plan = plan_sharing([list(range(40)), list(range(30))])
     assert plan.trunks == (0,) and plan.shared[1] == 29
     # nothing shared: no trunks, one ordinary prefill
-    plan = prefix.plan_sharing([[1] + [5] * 30, [1] + [6] * 30])
+    plan = plan_sharing([[1] + [5] * 30, [1] + [6] * 30])
     assert plan.trunks == () and plan.saved == 0
 
 
@@ -56,10 +56,10 @@ def test_shared_prefill_equals_whole_prefill_on_the_real_decoder():
     other = [[TOK.bos_id] + TOK.encode("Other text. ") + p[1:] for p in doc_prompts("b", 3)]  # another document
     rows = doc_prompts("a", 5) + other + [[TOK.bos_id]]
     B, n_active, S = len(rows), len(rows) - 1, 448
-    plan = prefix.plan_sharing(rows, n_active)
-    assert plan.saved >= prefix.MIN_SAVED and len(plan.trunks) >= 2
+    plan = plan_sharing(rows, n_active)
+    assert plan.saved >= MIN_SAVED and len(plan.trunks) >= 2
     make = lambda b, s: init_cache(cfg, b, s)  # noqa: E731
-    got, got_logits = prefix.prefill_shared(g, p, make, S, cfg.vocab_size, rows, n_active=n_active)
+    got, got_logits = prefill_shared(g, p, make, S, cfg.vocab_size, rows, n_active=n_active)
     want, want_logits = prefill(g, p, make(B, S), jnp.zeros((B, cfg.vocab_size)), rows[:n_active] + [[]])
     np.testing.assert_array_equal(np.asarray(got.lengths_B), [len(r) for r in rows[:n_active]] + [0])
     for b in range(n_active):
@@ -77,7 +77,7 @@ def test_batched_shared_writes_equal_one_sentence_at_a_time():
     sents = [f"Ada was born in London in year {1800 + i}." for i in range(4)]
     docs = [WriteDocument.from_sentences(f"d{k}", sents[k:]) for k in range(2)]
     prompts = [ids for d in docs for _, ids in iter_write_prompts(d, tok)]
-    assert prefix.plan_sharing(prompts).saved >= prefix.MIN_SAVED
+    assert plan_sharing(prompts).saved >= MIN_SAVED
     batched = decode_writes(model, tok, prompts, WriteDecoding(32), pad_to=16)
     one = [decode_writes(model, tok, [p], WriteDecoding(32), share_prefixes=False)[0] for p in prompts]
     assert [o["ids"] for o in batched] == [o["ids"] for o in one]

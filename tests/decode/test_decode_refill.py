@@ -12,9 +12,9 @@ from flax import nnx
 from memllm_jax import protocol
 from memllm_jax.bench import roofline as R
 from memllm_jax.config import TINY
-from memllm_jax.decode import prefix
 from memllm_jax.decode.item_bans import ban_spec
-from memllm_jax.decode.loop import split_model
+from memllm_jax.decode.graph import split_model
+from memllm_jax.decode.prefill import MIN_SAVED, plan_sharing
 from memllm_jax.decode.refill import default_refill_at, refill_writes
 from memllm_jax.decode.scripted import CharTokenizer, PolicyModel, TableModel
 from memllm_jax.decode.corpus_writer import iter_write_prompts, write_corpus, WriteDocument
@@ -126,7 +126,7 @@ def test_refilled_writes_of_documents_sharing_their_pretext_on_the_real_decoder(
     docs = [WriteDocument.from_sentences(f"d{k}", [f"Document {k} is about people born in towns."] + SENTS[k:k + 4])
             for k in range(3)]
     prompts = [ids for d in docs for _, ids in iter_write_prompts(d, TOK)]
-    assert prefix.plan_sharing(prompts[:POOL]).saved >= prefix.MIN_SAVED  # the first fill shares
+    assert plan_sharing(prompts[:POOL]).saved >= MIN_SAVED  # the first fill shares
     dec, kw = WriteDecoding(24, late_stopping=False), dict(split=split)
     want = in_batches(model, TOK, prompts, dec, **kw)
     assert len(set(steps(want))) > 4

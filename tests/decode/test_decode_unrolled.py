@@ -1,4 +1,4 @@
-"""A small scanned model on one device is decoded in an unrolled form (`loop.split_model`): the same tokens
+"""A small scanned model on one device is decoded in an unrolled form (`graph.split_model`): the same tokens
 and calls as the model built unrolled, the copy made once per set of weights, a sharded or large model left
 scanned. The per-row fields the host reads at a loop exit come back in one array (`state.pack_rows`)."""
 
@@ -9,7 +9,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from memllm_jax.bench.decode import DictMemory, build
-from memllm_jax.decode import loop
+from memllm_jax.decode import graph
 from memllm_jax.decode import state as st
 from memllm_jax.decode.reader import generate_with_memory
 
@@ -25,8 +25,8 @@ def _scanned_and_unrolled():
 
 def test_scanned_model_decodes_unrolled_with_the_same_tokens_and_calls():
     scanned, unrolled, tok = _scanned_and_unrolled()
-    graphdef, params = loop.split_model(scanned)
-    assert not loop.merge(graphdef, params).cfg.scan_layers
+    graphdef, params = graph.split_model(scanned)
+    assert not graph.merge(graphdef, params).cfg.scan_layers
     prompts = [[tok.bos_id] + tok.encode("x" * i) for i in range(3)]
     runs = []
     for model in (scanned, unrolled):
@@ -42,7 +42,7 @@ def test_unrolled_copy_stores_kernels_as_bf16_operands_with_the_same_tokens():
     the products, and so the tokens and calls, are those of the model whose kernels stay float32."""
     (scanned, tok), (unrolled, _) = (build(dict(SHAPE, matmul_dtype="bfloat16")),
                                      build(dict(SHAPE, matmul_dtype="bfloat16", scan_layers=False)))
-    copy = loop.merge(*loop.split_model(scanned))
+    copy = graph.merge(*graph.split_model(scanned))
     assert copy.layers[0].mlp.up.kernel[...].dtype == jax.numpy.bfloat16
     assert scanned.layers.mlp.up.kernel[...].dtype == jax.numpy.float32  # the model itself is unchanged
     prompts = [[tok.bos_id] + tok.encode("x" * i) for i in range(3)]
@@ -53,26 +53,26 @@ def test_unrolled_copy_stores_kernels_as_bf16_operands_with_the_same_tokens():
 
 def test_unrolled_copy_is_made_once_per_set_of_weights():
     scanned, _, _ = _scanned_and_unrolled()
-    first = loop.split_model(scanned)
-    again = loop.split_model(scanned)
+    first = graph.split_model(scanned)
+    again = graph.split_model(scanned)
     assert again[0] is first[0] and again[1] is first[1]
     kernel = scanned.layers.mlp.up.kernel
     kernel[...] = kernel[...] + 1.0  # new weights: a new array
-    graphdef, params = loop.split_model(scanned)
+    graphdef, params = graph.split_model(scanned)
     assert params is not first[1]
-    unrolled = loop.merge(graphdef, params)
+    unrolled = graph.merge(graphdef, params)
     np.testing.assert_array_equal(np.asarray(unrolled.layers[1].mlp.up.kernel[...]), np.asarray(kernel[...][1]))
 
 
 def test_sharded_or_large_scanned_models_stay_scanned(monkeypatch):
     scanned, _, _ = _scanned_and_unrolled()
-    monkeypatch.setattr(loop, "UNROLL_MAX_BYTES", 0)
-    assert loop.merge(*loop.split_model(scanned)).cfg.scan_layers
+    monkeypatch.setattr(graph, "UNROLL_MAX_BYTES", 0)
+    assert graph.merge(*graph.split_model(scanned)).cfg.scan_layers
     monkeypatch.undo()
     two = NamedSharding(Mesh(np.array(jax.devices()[:2]), ("d",)), PartitionSpec())
     kernel = scanned.layers.mlp.up.kernel
     kernel[...] = jax.device_put(kernel[...], two)
-    assert loop.merge(*loop.split_model(scanned)).cfg.scan_layers
+    assert graph.merge(*graph.split_model(scanned)).cfg.scan_layers
 
 
 def test_pack_rows_round_trip():
