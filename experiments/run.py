@@ -81,7 +81,8 @@ def resolve(args: argparse.Namespace) -> tuple[Any, list[tuple[str, Any]]]:
     points = []
     for name, assignments in (sweep_points(module) if args.sweep else [("", ())]):
         cfg = override(base, *assignments)
-        check_config(cfg, files=not getattr(args, "dry_run", False))  # a dry run lists every missing file
+        # files are checked when a run starts; a dry run lists every missing one, printing needs none
+        check_config(cfg, files=not (getattr(args, "dry_run", False) or getattr(args, "print_config", False)))
         points.append((name, cfg))
     return module, points
 
