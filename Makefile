@@ -1,5 +1,6 @@
 # Two entry points: `make run` (the embedded-default main job) and `make test`. Each creates .venv and
-# installs what it needs, pinned by constraints.txt.
+# installs what it needs, pinned by constraints.txt. `make test-fast` is the quick tier for the edit-test loop:
+# the suite without the tests marked `slow` (CI runs them all with `make test`).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -7,7 +8,7 @@ OUT ?= outputs/default
 CONFIG ?= default
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test bench clean
+.PHONY: install run test test-fast bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +26,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -n 2 -q
+
+test-fast: $(STAMP)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -n 2 -q -m "not slow and not browser"
 
 bench: $(STAMP)
 	$(BIN)/memllm bench model

@@ -61,6 +61,7 @@ def test_names_are_copied_from_the_prompt_in_the_models_order():
     assert lima == "({MEM_WRITE-->Pedro>>born in>>Lima;})"
 
 
+@pytest.mark.slow
 def test_a_relation_is_a_known_label_and_unknown_labels_leave_it_free():
     """`x` is no label: the writer's next choice `b` leads to `born in`. Without labels the relation is free."""
     writer = preferring({**WRITER, "Pedro>>": "xb", ">>x": ">", "x>>": "L"})
@@ -76,6 +77,7 @@ def test_a_name_ends_only_at_a_word_end():
     assert out == "({MEM_WRITE-->Pedro>>born in>>Lisbon;})"
 
 
+@pytest.mark.slow
 def test_names_start_at_word_starts_and_never_span_a_marker():
     """The text has `Pedro` only inside `XPedro`: a subject may not start there, so the writer's next choice, to
     close the call, is taken. Markers are 0 bytes of the source, which no name can contain."""
@@ -87,6 +89,7 @@ def test_names_start_at_word_starts_and_never_span_a_marker():
     assert out.startswith("({MEM_WRITE-->P")
 
 
+@pytest.mark.slow
 def test_rows_keep_their_own_texts_in_a_refilled_pool_and_agree_with_batches():
     texts = ["Pedro was born in Lisbon.", "Pedro was born in Lima.", "Pedro lived in Lima; born in Lisbon."] * 3
     prompts = [prompt(t) for t in texts]
@@ -99,6 +102,7 @@ def test_rows_keep_their_own_texts_in_a_refilled_pool_and_agree_with_batches():
     assert batched[:2] == ["({MEM_WRITE-->Pedro>>born in>>Lisbon;})", "({MEM_WRITE-->Pedro>>born in>>Lima;})"]
 
 
+@pytest.mark.slow
 def test_copying_with_bans_restarts_the_field_after_a_rewind():
     """A writer that loops on `Pedro>>born in>>Lisbon;` is rewound by the ban to the item start, where `P` is
     banned: its next subject choice `L` starts `Lisbon`/`Lima` (copied), and the call goes on from there."""
@@ -134,6 +138,7 @@ def test_sources_put_the_text_first_and_the_labels_last():
         copy_names.sources([prompt("x" * 400)], spec)
 
 
+@pytest.mark.slow
 def test_on_the_real_decoder_every_item_is_copied_when_the_whole_vocabulary_is_searched():
     """A random-weight decoder, top_k = the vocabulary: no fallback is ever needed (a field can always go on by
     one byte or end), so every parsed item's names are pieces of its prompt's text that start and end at word
@@ -165,6 +170,7 @@ def test_on_the_real_decoder_every_item_is_copied_when_the_whole_vocabulary_is_s
     assert any(o not in {c["text"] for c in runs[True]} for o in free)
 
 
+@pytest.mark.slow
 def test_the_memory_stage_and_the_edits_keep_the_copied_triple_the_grounding_check_dropped(monkeypatch):
     """`write_copied_names`: the memory stage's evaluation write keeps `Pedro>>born in>>Lisbon`, where without
     copying the writer's `Lix` fails the grounding check; Table 3's edits are written with the same decoding."""

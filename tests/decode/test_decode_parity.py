@@ -62,6 +62,7 @@ def full_logits(ids):
 PROMPTS = ["hello a", "zz yy a", "the cat sat on the mat", "mm"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("facts", [{("x", "r", None): ["P"]}, {}], ids=["kept", "empty"])
 def test_cached_greedy_equals_argmax_of_full_forwards(facts):
     mem = FakeMemory(facts)
@@ -95,6 +96,7 @@ def _check_state_matches_fresh_context(ctrl, results):
             np.testing.assert_allclose(np.asarray(got[:, b, :n]), np.asarray(ref[:, 0, :n]), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_removed_empty_call_leaves_the_context_without_it():
     ctrl = ReadController(MODEL, TOK, FakeMemory({}), max_len=128, chunk=4)
     # budget 4: ({MEM_READ( x>> r>> )--> ; the empty call is removed and generation ends right there
@@ -104,6 +106,7 @@ def test_removed_empty_call_leaves_the_context_without_it():
     _check_state_matches_fresh_context(ctrl, results)
 
 
+@pytest.mark.slow
 def test_call_removed_by_a_new_call_leaves_the_context_without_it():
     ctrl = ReadController(MODEL, TOK, FakeMemory({("x", "r", None): ["P"]}), max_len=128, chunk=4)
     # budget 6: call, answer P}) prefilled, b, ({MEM_READ( -> the first call is removed, "b" re-fed
@@ -113,6 +116,7 @@ def test_call_removed_by_a_new_call_leaves_the_context_without_it():
     _check_state_matches_fresh_context(ctrl, results)
 
 
+@pytest.mark.slow
 def test_long_prefill_in_pieces_equals_one_full_forward():
     from memllm_jax.decode import loop
 

@@ -132,6 +132,7 @@ def test_call_cut_by_the_budget_writes_its_closed_items_only():
     assert mem.added == [([protocol.Triple("a", "r", "b")], "d1/0")]
 
 
+@pytest.mark.slow
 def test_repeat_length_finds_the_shortest_span_repeated_at_the_end():
     six = [1, 2, 3, 4, 5, 6]
     rows = [six * 2, six * 2, [9] + [1, 2, 3, 4, 5, 6, 7] * 2, six * 4, [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3]]
@@ -144,6 +145,7 @@ def test_repeat_length_finds_the_shortest_span_repeated_at_the_end():
     assert repeat_length(out, n, 7, 64).tolist() == [0, 0, 7, 12, 0]
 
 
+@pytest.mark.slow
 def test_a_looping_call_stops_once_it_has_repeated_itself():
     """`a>>r>>b;c>>r>>d;` (16 tokens) over and over: with `stop_repeats` the row stops after two copies (32 tokens)
     instead of at the budget, and writes the same triples."""
@@ -247,6 +249,7 @@ def early_close_policy(ctx):
     return [CLOSE] if body == full else TOK.encode(full[len(body)])
 
 
+@pytest.mark.slow
 def test_close_bias_writes_the_items_after_an_early_close_at_their_own_confidence():
     """A bias under the closing token's lead keeps the greedy call; over it the call goes on to `c>>r>>d`, whose
     confidence is that of the `;` the model ranked second (log-softmax of 9 against 10: -1.31), so a threshold
@@ -267,6 +270,7 @@ def test_close_bias_writes_the_items_after_an_early_close_at_their_own_confidenc
     assert confidence[protocol.Triple("a", "r", "b")] > -1e-3
 
 
+@pytest.mark.slow
 def test_scored_writes_fill_a_memory_as_a_write_at_that_threshold_would():
     """`WriteStats.scored` keeps each checked triple with its confidence; `write_scored` at a threshold adds
     exactly what `write_corpus` at that threshold adds, sentence by sentence."""

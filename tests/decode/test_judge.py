@@ -39,6 +39,7 @@ class EndMergingTokenizer(AnswerTokenizer):
         return ids[:-1] + [112] if text.endswith("Z") else ids
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tok", [AnswerTokenizer(), EndMergingTokenizer()], ids=["shared", "merged"])
 def test_log_odds_are_the_models_last_position_logits_in_any_batch(tok):
     """Candidates after a shared context (its keys / values kept once) or, when the tokens at the context's end

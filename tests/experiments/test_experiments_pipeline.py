@@ -140,6 +140,7 @@ def test_synthetic_edits_of_the_pipeline(tmp_path, heldout_world):
         assert all(subject_in_corpus)
 
 
+@pytest.mark.slow
 def test_tables_and_plot(tmp_path):
     res = {"baseline2": {"ppl": {"overall": 5.0, "target": 9.0, "entity": 7.0}, "stats": {"reads": 0}},
            "row9": {"ppl": {"overall": 4.0, "target": 1.5, "entity": 3.0}, "stats": {"reads": 10, "reads_with_results": 10}}}
@@ -306,6 +307,7 @@ def test_context_bound_covers_the_longest_evaluation_document(tmp_path):
     assert short.cfg.max_seq_len == 4096  # never lowered
 
 
+@pytest.mark.slow
 def test_side_stage_runs_a_stage_in_a_second_process(tmp_path):
     from experiments.pipeline import run_stage_in_process
     from experiments.side_stage import SideStage
@@ -324,6 +326,7 @@ def test_side_stage_runs_a_stage_in_a_second_process(tmp_path):
     assert any("done in" in s and "second process" in s for s in said)
 
 
+@pytest.mark.slow
 def test_pretrained_base_brings_its_tokenizer_and_skips_pretraining(tmp_path, monkeypatch):
     """With `base_model` (here the packaged SmolLM2 GGUF, converted once into a cache) the tokenizer stage saves
     the base's tokenizer with the API markers as special ids, and nothing is pretrained."""
@@ -347,6 +350,7 @@ def test_pretrained_base_brings_its_tokenizer_and_skips_pretraining(tmp_path, mo
     assert not (tmp_path / "run" / "train" / "pretrain").exists()
 
 
+@pytest.mark.slow
 def test_mw_learning_curve_writes_with_each_export(tmp_path):
     """The diagnostics' learning curve: each earlier export of the MW adapter writes the evaluation documents
     (its point equals that export's own writes scored against gold); the last point is the memory stage's."""

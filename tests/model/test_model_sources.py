@@ -67,6 +67,7 @@ def _torch(hf_dir, tokens):
     return hf_logits(m, tokens, positions, np.ones(tokens.shape, bool))
 
 
+@pytest.mark.slow
 def test_training_writes_one_checkpoint_that_convert_exports(runs, tmp_path, capsys):
     from memllm_jax.checkpoint import read_stored
     from memllm_jax.train.loop import load_trained_model
@@ -105,6 +106,7 @@ def test_training_writes_one_checkpoint_that_convert_exports(runs, tmp_path, cap
     assert f"model: checkpoint {tmp_path / 'ckpt'}, step 0" in out.err and out.out.startswith("Ada Lovelace")
 
 
+@pytest.mark.slow
 def test_legacy_params_workdir_still_opens(runs, tmp_path, capsys):
     """A run from before `<workdir>/model`: its `params/` (adapter keyed by pytree path) with train_config.json."""
     import orbax.checkpoint as ocp
@@ -127,6 +129,7 @@ def test_legacy_params_workdir_still_opens(runs, tmp_path, capsys):
                                atol=2e-4)
 
 
+@pytest.mark.slow
 def test_generate_chat_and_memory_write_open_a_workdir(runs, tmp_path, capsys, monkeypatch):
     import io
 
