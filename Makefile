@@ -1,6 +1,7 @@
 # Two entry points: `make run` (the embedded-default main job) and `make test`. Each creates .venv and
-# installs what it needs, pinned by constraints.txt. `make results` writes RESULTS.md from the run directories
-# under outputs/ (RUNS="DIR ..." for others).
+# installs what it needs, pinned by constraints.txt. `make test-fast` is the quick tier for the edit-test loop:
+# the suite without the tests marked `slow` (CI runs them all with `make test`). `make results` writes RESULTS.md
+# from the run directories under outputs/ (RUNS="DIR ..." for others).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +10,7 @@ CONFIG ?= default
 STAMP := $(VENV)/.installed
 RUNS ?= $(wildcard outputs/*/)
 
-.PHONY: install run test bench results clean
+.PHONY: install run test test-fast bench results clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +28,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -n 2 -q
+
+test-fast: $(STAMP)
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -n 2 -q -m "not slow and not browser"
 
 results: $(STAMP)
 	$(BIN)/memllm report --markdown $(or $(RUNS),$(error no run directories under outputs/: run `make run` first)) --out RESULTS.md

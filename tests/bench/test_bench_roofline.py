@@ -153,6 +153,7 @@ def test_train_step_flops_keep_their_shapes():
 # ------------------------------------------------------------------------------------------- the bench
 
 
+@pytest.mark.slow
 def test_write_bench_reports_of_roofline(capsys):
     from memllm_jax.cli import main
 

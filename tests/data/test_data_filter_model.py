@@ -38,6 +38,7 @@ def setup(tmp_path_factory):
     return root, corpus, docs, model_dir
 
 
+@pytest.mark.slow
 def test_filter_with_a_model_end_to_end(setup, capsys):
     root, corpus, docs, model_dir = setup
     base = ["data", "filter", "--input", str(corpus), "--score", str(N_PER_CLASS)]

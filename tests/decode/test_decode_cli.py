@@ -20,6 +20,7 @@ from test_decode_writer import write_policy
 TOK = CharTokenizer()
 
 
+@pytest.mark.slow
 def test_generate_command_end_to_end(tmp_path, capsys):
     from memllm_jax.cli import main
     from memllm_jax.model.hf import save_hf

@@ -63,6 +63,7 @@ def full_logits(ids):
 PROMPTS = ["hello a", "zz yy a", "the cat sat on the mat", "mm"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("facts", [{("x", "r", None): ["P"]}, {}], ids=["kept", "empty"])
 def test_cached_greedy_equals_argmax_of_full_forwards(facts):
     mem = FakeMemory(facts)
@@ -96,6 +97,7 @@ def _check_state_matches_fresh_context(ctrl, results):
             np.testing.assert_allclose(np.asarray(got[:, b, :n]), np.asarray(ref[:, 0, :n]), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_removed_empty_call_leaves_the_context_without_it():
     ctrl = ReadController(MODEL, TOK, FakeMemory({}), max_len=128, chunk=4)
     # budget 4: ({MEM_READ( x>> r>> )--> ; the empty call is removed and generation ends right there
@@ -105,6 +107,7 @@ def test_removed_empty_call_leaves_the_context_without_it():
     _check_state_matches_fresh_context(ctrl, results)
 
 
+@pytest.mark.slow
 def test_call_removed_by_a_new_call_leaves_the_context_without_it():
     ctrl = ReadController(MODEL, TOK, FakeMemory({("x", "r", None): ["P"]}), max_len=128, chunk=4)
     # budget 6: call, answer P}) prefilled, b, ({MEM_READ( -> the first call is removed, "b" re-fed
@@ -114,6 +117,7 @@ def test_call_removed_by_a_new_call_leaves_the_context_without_it():
     _check_state_matches_fresh_context(ctrl, results)
 
 
+@pytest.mark.slow
 def test_long_prefill_in_pieces_equals_one_full_forward():
     ids = [TOK.bos_id] + TOK.encode("the quick brown fox jumps over the lazy dog " * 7)[:299]
     assert len(ids) > MAX_PREFILL

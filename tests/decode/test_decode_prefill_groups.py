@@ -6,6 +6,7 @@ import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from memllm_jax.config import TINY
@@ -46,6 +47,7 @@ def test_rows_of_different_lengths_go_in_groups():
         assert c.attend is None or c.attend >= need
 
 
+@pytest.mark.slow
 def test_grouped_prefill_equals_each_row_alone_on_the_real_decoder():
     cfg = dataclasses.replace(TINY, vocab_size=64)
     model = Mistral(cfg, rngs=nnx.Rngs(5))

@@ -6,6 +6,7 @@ import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from memllm_jax.bench.decode import build
@@ -49,6 +50,7 @@ def test_plan_one_trunk_per_document_and_padding_untouched():
     assert plan.trunks == () and plan.saved == 0
 
 
+@pytest.mark.slow
 def test_shared_prefill_equals_whole_prefill_on_the_real_decoder():
     cfg = dataclasses.replace(TINY, vocab_size=TOK.vocab_size)
     model = Mistral(cfg, rngs=nnx.Rngs(3))
@@ -72,6 +74,7 @@ def test_shared_prefill_equals_whole_prefill_on_the_real_decoder():
     assert not np.asarray(got_logits)[n_active:].any()
 
 
+@pytest.mark.slow
 def test_batched_shared_writes_equal_one_sentence_at_a_time():
     model, tok = build(dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128, max_seq_len=512))
     sents = [f"Ada was born in London in year {1800 + i}." for i in range(4)]

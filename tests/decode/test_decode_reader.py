@@ -126,6 +126,7 @@ def test_forced_read_and_gold_queries():
     assert forced.text == "x>>r>>)-->P})z" and forced.calls[0].result == ("P",)
 
 
+@pytest.mark.slow
 def test_batch_rows_pause_independently_with_one_memory_call_per_round():
     mem = FakeMemory({("x", "r", None): ["Paris"], ("y", "r", None): ["Rome"]})
     scripts = ["ab({MEM_READ(x>>r>>)-->Paris})cd", "ac({MEM_READ(y>>r>>)-->Rome})e",
@@ -138,6 +139,7 @@ def test_batch_rows_pause_independently_with_one_memory_call_per_round():
     assert len(mem.calls) == 1 and len(mem.calls[0]) == 2
 
 
+@pytest.mark.slow
 def test_each_row_reads_its_own_memory():
     """One memory per prompt (e.g. one edit per question): the same query gets each row's own answer."""
     mems = [FakeMemory({("x", "r", None): ["Paris"]}), FakeMemory({("x", "r", None): ["Rome"]}), FakeMemory({})]
@@ -173,6 +175,7 @@ def test_marker_strings_in_prompt_never_trigger_memory():
     assert res.calls == [] and mem.calls == [] and res.text == "ok"
 
 
+@pytest.mark.slow
 def test_sampling_through_the_controller_is_reproducible_per_seed():
     from memllm_jax.decode.sampling import SamplingConfig
 

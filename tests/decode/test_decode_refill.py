@@ -43,6 +43,7 @@ def steps(outs):
     return [o["n_generated"] + (o["stop"] == "late_stop") for o in outs]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("refill_at", [None, 1, POOL])
 @pytest.mark.parametrize("late", [True, False])
 def test_refilled_writes_equal_fixed_batches_on_random_logits(late, refill_at):
@@ -86,6 +87,7 @@ def looping_writer(ctx: list[int]) -> list[int]:
     return BTOK.encode(";" if fields[2] else fields[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("late", [False, True])
 def test_refilled_writes_with_item_bans_equal_fixed_batches(late):
     model = PolicyModel(looping_writer, BTOK.vocab_size)
@@ -117,6 +119,7 @@ def random_writer(scan_layers: bool):
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_refilled_writes_of_documents_sharing_their_pretext_on_the_real_decoder(scan_layers):
     """Unrolled: the loop carries per-layer cache buffers (split_model); scanned and split as is: one stacked
@@ -162,6 +165,7 @@ class ListMemory:
         self.added += [(str(t), source) for t in triples]
 
 
+@pytest.mark.slow
 def test_write_corpus_with_refill_adds_the_same_triples_in_the_same_order():
     model = PolicyModel(counting_writer, TOK.vocab_size)
     counts = [3, 0, 7, 1, 5, 2, 9, 4, 1, 6, 0, 8, 2, 3]

@@ -1,10 +1,13 @@
 """Regressions found by running the main job."""
 
+import pytest
+
 from memllm_jax import protocol
 from memllm_jax.decode.reader import generate_with_memory
 from tests.decode.test_decode_reader import EOS, TOK, FakeMemory, scripted
 
 
+@pytest.mark.slow
 def test_new_call_keeps_a_complete_call_that_came_with_the_prompt():
     """A few-shot prompt holds a complete read; the model's own new read stays in the context (it is the caller's), and nothing crashes."""
     mem = FakeMemory({("y", "r", None): ["Rome"]})

@@ -32,6 +32,7 @@ def test_filters_match_definition(top_k, top_p):
         assert set(np.nonzero(out[b] > -1e29)[0].tolist()) == reference_keep(logits[b], top_k, top_p)
 
 
+@pytest.mark.slow
 def test_sampling_is_reproducible_and_follows_the_distribution():
     logits = jnp.log(jnp.asarray([[0.7, 0.2, 0.1, 0.0]] * 4000) + 1e-12)
     cfg = SamplingConfig(temperature=1.0)
@@ -44,6 +45,7 @@ def test_sampling_is_reproducible_and_follows_the_distribution():
     assert (top1 == 0).all() and (np.asarray(choose(logits, None, SamplingConfig())) == 0).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(16, 256), (3, 5, 7), (1, 1)])
 def test_argmax_is_jnp_argmax(shape):
     """Ties (the first maximum), NaN (the first NaN, which XLA's CPU max may skip), all -inf, every axis."""

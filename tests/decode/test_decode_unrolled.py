@@ -6,6 +6,7 @@ import dataclasses
 
 import jax
 import numpy as np
+import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from memllm_jax.bench.decode import DictMemory, build
@@ -23,6 +24,7 @@ def _scanned_and_unrolled():
     return scanned, unrolled, tok
 
 
+@pytest.mark.slow
 def test_scanned_model_decodes_unrolled_with_the_same_tokens_and_calls():
     scanned, unrolled, tok = _scanned_and_unrolled()
     graphdef, params = graph.split_model(scanned)
@@ -37,6 +39,7 @@ def test_scanned_model_decodes_unrolled_with_the_same_tokens_and_calls():
     assert any(calls for _, calls in runs[0])
 
 
+@pytest.mark.slow
 def test_unrolled_copy_stores_kernels_as_bf16_operands_with_the_same_tokens():
     """With `matmul_dtype="bfloat16"` the unrolled copy keeps its block kernels in bf16 (no conversion per step);
     the products, and so the tokens and calls, are those of the model whose kernels stay float32."""

@@ -62,12 +62,14 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_batch_1_matches_the_host_path(case):
     host, inloop, host_mem, inloop_mem = _both(scripted(*CASES[case]), FACTS)
     _assert_same(host, inloop, host_mem, inloop_mem)
 
 
+@pytest.mark.slow
 def test_concrete_tokens_of_a_kept_call_and_of_removed_calls():
     model = scripted("ab({MEM_READ(x>>r>>)-->Paris})cd")
     [res] = generate_with_memory(model, TOK, FakeMemory(FACTS), ["Q|"], 60, chunk=8, reads="in_loop")
@@ -93,6 +95,7 @@ BATCH = ["ab({MEM_READ(x>>r>>)-->Paris})cd", "ac({MEM_READ(y>>r>>)-->Rome;Oslo})
 
 @pytest.mark.parametrize("answer_width,host_callback", [(64, "auto"), (64, "io"), (3, "auto")],
                          ids=["in_loop", "in_loop_io_callback", "long_feeds_via_host"])
+@pytest.mark.slow
 def test_batch_16_matches_the_host_path(answer_width, host_callback):
     """Rows close calls at the same and at different steps; with a 3-token queue most answers and re-fed
     texts are prefilled by the host instead (HOST_FEED), with the same results. The loop calls the host by
@@ -113,6 +116,7 @@ def test_batch_16_matches_the_host_path(answer_width, host_callback):
     assert {r.finish_reason for r in host} == {"eos", "budget"}
 
 
+@pytest.mark.slow
 def test_reads_do_not_exit_the_loop(monkeypatch):
     """Five reads in one row, each new one removing the previous: the host path leaves the loop at every
     `)-->` and every reopening (9 exits, 10 chunks), the in-loop path runs one chunk."""
@@ -148,6 +152,7 @@ def test_budget_ending_at_the_call_end_still_feeds_the_answer():
     assert runs["host"][0]["text"].endswith("Paris})") and runs["host"][0]["finish_reason"] == "budget"
 
 
+@pytest.mark.slow
 def test_forced_read_gold_queries_and_per_row_memories_match():
     model = scripted("({MEM_READ(x>>r>>)-->Paris})z")
     for kw in ({"gold_queries": [[protocol.Query("x", "r", None)]]}, {"force_read": True}):
@@ -177,6 +182,7 @@ def test_a_failing_memory_raises_after_the_loop_instead_of_inside_it():
         generate_with_memory(scripted("a"), TOK, FakeMemory({}), ["Q|"], 4, reads="device")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("host_callback", ["auto", "io"], ids=["buffer_callback", "io_callback"])
 @pytest.mark.parametrize("facts", [{("x", "r", None): ["P"]}, {}], ids=["kept", "empty"])
 def test_real_decoder_matches_host_path_and_rewinds_the_cache_exactly(facts, host_callback):
@@ -196,6 +202,7 @@ def test_real_decoder_matches_host_path_and_rewinds_the_cache_exactly(facts, hos
     _check_state_matches_fresh_context(*runs["in_loop"])
 
 
+@pytest.mark.slow
 def test_a_real_memory_whose_query_runs_jax_is_served_from_inside_the_loop():
     """The callback runs on the loop's host thread: a memory that runs jitted JAX code (like the BERT encoder
     of TripleMemory) must not deadlock; refused over-long names behave as on the host path."""

@@ -71,6 +71,7 @@ def test_a_row_out_of_bans_stops_before_the_repeated_item():
     assert items(out) == [("a", "r", "b"), ("c", "r", "d")]
 
 
+@pytest.mark.slow
 def test_bans_change_nothing_for_a_call_without_repeats_and_rows_are_independent():
     """A writer that closes after its items writes the same with and without bans, beside a looping row."""
     def closing(ctx):
@@ -90,6 +91,7 @@ def test_bans_change_nothing_for_a_call_without_repeats_and_rows_are_independent
     assert [o["text"] for o in pair] == ["({MEM_WRITE-->a>>r>>b;c>>r>>d;})"] * 2
 
 
+@pytest.mark.slow
 def test_span_hash_depends_on_the_tokens_and_their_order_only():
     import jax.numpy as jnp
 
@@ -104,6 +106,7 @@ def test_tokenizers_without_single_separator_tokens_are_refused():
         ban_spec(CharTokenizer(), 8)
 
 
+@pytest.mark.slow
 def test_with_late_stopping_the_call_is_cut_at_its_best_point_after_the_rewinds():
     """Late stopping records a cut point once both subjects are banned and takes the runner-up (a junk token);
     the call is cut at the best point: the two items and the closing token."""
@@ -113,6 +116,7 @@ def test_with_late_stopping_the_call_is_cut_at_its_best_point_after_the_rewinds(
     assert out["text"] == "({MEM_WRITE-->a>>r>>b;c>>r>>d;})" and out["cut"] == len(TOK.encode("a>>r>>b;c>>r>>d;"))
 
 
+@pytest.mark.slow
 def test_a_rewound_real_kv_cache_gives_the_logits_of_the_shorter_context():
     """What a rewind relies on in the real decoder: with the cache length set back to L - 1 and token L - 1 fed
     again, the next-token logits equal those computed when the context first had L tokens (later slots are

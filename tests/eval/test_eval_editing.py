@@ -108,6 +108,7 @@ def test_load_zsre_bad_record(tmp_path):
     assert [r.alt for r in recs] == ["F"] and skipped == [0]
 
 
+@pytest.mark.slow
 def test_end_to_end_without_edits_keeps_locality(monkeypatch):
     """With a write model that extracts nothing, the memory stays empty, so LOC must be exactly 1."""
     from memllm_jax.memory.encoder import load_encoder
@@ -250,6 +251,7 @@ def test_an_answer_is_complete_once_more_text_cannot_change_it(text, style, comp
         assert extract(text + " and more\nA: Rome.") == extract(text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style", ["cloze", "qa"])
 def test_rows_stop_once_their_answer_is_complete_with_the_answers_of_the_whole_budget(style, monkeypatch):
     """A scripted reader asks, is answered, then writes the answer and goes on writing: `answer_questions`

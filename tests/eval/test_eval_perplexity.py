@@ -42,6 +42,7 @@ def _logp(model, seq):
     return np.asarray(_last_logp(model, jax.numpy.asarray(tokens), len(seq)), np.float64)
 
 
+@pytest.mark.slow
 def test_gold_reads_match_direct_computation():
     tok = CharTokenizer()
     model = Mistral(CFG, rngs=nnx.Rngs(0))
@@ -78,6 +79,7 @@ def test_gold_reads_match_direct_computation():
     assert res.stats["reads"] == 3 and res.stats["target_in_results"] == 3
 
 
+@pytest.mark.slow
 def test_no_reads_is_plain_perplexity_and_reads_change_it():
     tok = CharTokenizer()
     model = Mistral(CFG, rngs=nnx.Rngs(1))
@@ -131,6 +133,7 @@ def test_real_eval_records_from_data_gen():
         assert e.offsets[t][0] == r.char_pos
 
 
+@pytest.mark.slow
 def test_model_chosen_reads_with_a_scripted_model():
     """A scripted model reads right before "Paris" and asks <Ann, place of birth, *>: rows with model
     positions and queries make exactly that read, answer it from the memory, and TARGET PPL drops."""
@@ -156,6 +159,7 @@ def test_model_chosen_reads_with_a_scripted_model():
     assert six.ppl["target"] == pytest.approx(read.ppl["target"], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_windowed_continuations_give_the_scores_of_whole_ones():
     """Model-chosen reads scored a few tokens at a time (the forward doubled until the next read is covered)
     make the same reads and give the same perplexities and traces as forwards to the document's end."""
@@ -172,6 +176,7 @@ def test_windowed_continuations_give_the_scores_of_whole_ones():
     assert any("scored further" in r for r in rounds)  # some reads needed longer forwards
 
 
+@pytest.mark.slow
 def test_kept_prefix_keys_values_give_the_whole_sequence_scores_and_generations():
     """Scoring / generating after a kept prefix equals doing it on the whole sequence."""
     from memllm_jax.eval.scoring import GreedyGenerator, Scorer
@@ -198,6 +203,7 @@ def test_kept_prefix_keys_values_give_the_whole_sequence_scores_and_generations(
         gen.generate(prefixes, [2], 12)
 
 
+@pytest.mark.slow
 def test_batches_by_length_pads_alike_and_results_keep_the_input_order():
     """Batches are formed shortest first (stable), and each result still belongs to its own input."""
     from memllm_jax.eval.scoring import GreedyGenerator, Scorer, batches_by_length

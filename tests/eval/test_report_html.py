@@ -39,6 +39,7 @@ def make_run(tmp_path):
     return run
 
 
+@pytest.mark.slow
 def test_report_page_is_self_contained_with_tables_charts_and_a_trace(tmp_path):
     page = report_html.build(make_run(tmp_path))
     html = page.read_text()
@@ -75,6 +76,7 @@ def _events(directory):
     return out
 
 
+@pytest.mark.slow
 def test_evaluation_rows_become_tensorboard_scalars_and_text(tmp_path):
     from experiments.tb_eval import log_results
 
@@ -109,6 +111,7 @@ def test_generate_html_shows_kept_and_removed_calls(tmp_path):
     assert "removed: empty" in html and "kept in context" in html and "&lt;Ilsa Varomek, employer, *&gt;" in html
 
 
+@pytest.mark.slow
 def test_generate_command_writes_html(tmp_path, capsys):
     import dataclasses
 

@@ -51,6 +51,7 @@ def inputs(tmp_path, monkeypatch):
     return tmp_path, config
 
 
+@pytest.mark.slow
 def test_the_papers_run_is_checked_sized_and_planned(inputs, capsys):
     tmp, config = inputs
     assert cli.main(["run", "--config", str(config), "--out", str(tmp / "run"), "--dry-run"]) == 0

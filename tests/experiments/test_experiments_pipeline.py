@@ -153,6 +153,7 @@ def test_synthetic_edits_of_the_pipeline(tmp_path, heldout_world):
         assert all(subject_in_corpus)
 
 
+@pytest.mark.slow
 def test_tables_and_plot(tmp_path):
     res = {"baseline2": {"ppl": {"overall": 5.0, "target": 9.0, "entity": 7.0}, "stats": {"reads": 0}},
            "row9": {"ppl": {"overall": 4.0, "target": 1.5, "entity": 3.0}, "stats": {"reads": 10, "reads_with_results": 10}}}
@@ -299,6 +300,7 @@ def test_training_progress_reads_the_last_logged_step(tmp_path):
     assert training_progress(tmp_path, "mr") == "step 3, loss 2.500"
 
 
+@pytest.mark.slow
 def test_side_stage_runs_a_stage_in_a_second_process(tmp_path):
     cfg = tiny({"data.synth_docs": 40, "data.eval_docs": 5, "tokenizer.vocab_size": 400})
     said = []
@@ -314,6 +316,7 @@ def test_side_stage_runs_a_stage_in_a_second_process(tmp_path):
     assert any("done in" in s and "second process" in s for s in said)
 
 
+@pytest.mark.slow
 def test_pretrained_base_brings_its_tokenizer_and_skips_pretraining(tmp_path, monkeypatch):
     """With `base.model` (here the packaged SmolLM2 GGUF, converted once into a cache) the tokenizer stage saves
     the base's tokenizer with the API markers as special ids, and nothing is pretrained."""
@@ -337,6 +340,7 @@ def test_pretrained_base_brings_its_tokenizer_and_skips_pretraining(tmp_path, mo
     assert not (tmp_path / "run" / "train" / "pretrain").exists()
 
 
+@pytest.mark.slow
 def test_mw_learning_curve_writes_with_each_export(tmp_path):
     """The diagnostics' learning curve: each earlier export of the MW adapter writes the evaluation documents
     (its point equals that export's own writes scored against gold); the last point is the memory stage's."""

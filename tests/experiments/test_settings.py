@@ -83,6 +83,7 @@ def test_every_setting_is_covered():
     assert len(leaves) > 100  # the whole tree, adapters' model and LoRA settings included
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path,value", PIPELINE_CASES)
 def test_run_refuses_a_bad_setting_before_writing_anything(path, value, tmp_path, capsys):
     out = tmp_path / "run"
@@ -92,6 +93,7 @@ def test_run_refuses_a_bad_setting_before_writing_anything(path, value, tmp_path
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path,value", TRAIN_CASES)
 def test_train_refuses_a_bad_setting(path, value, capsys):
     assert cli.main(["train", "--config", "default", "--part", "mw", "--set", f"{path}={value}", "--print-config"]) == 2

@@ -18,6 +18,7 @@ def minilm():
     return load_encoder("minilm")
 
 
+@pytest.mark.slow
 def test_parity_with_sentence_transformers(minilm):
     from sentence_transformers import SentenceTransformer
 

@@ -78,6 +78,7 @@ def _same_memory(a: pathlib.Path, b: pathlib.Path) -> None:
     assert pa == pb
 
 
+@pytest.mark.slow
 def test_sharded_writes_merge_into_the_single_process_memory(tmp_path, monkeypatch, capsys):
     import memllm_jax.model.load as load
 
@@ -175,6 +176,7 @@ def _launch(argvs: list[list[str]], timeout: float = 300) -> list[str]:
     return [out.decode() for out, _ in outs]
 
 
+@pytest.mark.slow
 def test_real_model_shards_in_two_processes(tmp_path, capsys):
     """A tiny random-weight model (it writes malformed calls, so few or no triples: what is compared is what is
     written) as two simultaneous `python -m memllm_jax.cli memory write` processes, merged == one process."""

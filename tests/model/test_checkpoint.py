@@ -35,6 +35,7 @@ def _trained_like(seed):
     return model
 
 
+@pytest.mark.slow
 def test_save_restore_sharded_into_other_mesh(tmp_path):
     model = _trained_like(0)
     mesh_a = make_mesh(MeshConfig(2, 2, 2))
@@ -51,6 +52,7 @@ def test_save_restore_sharded_into_other_mesh(tmp_path):
     np.testing.assert_allclose(np.asarray(fwd(restored)), expected, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_base_and_lora_separately_and_adapter_restore(tmp_path):
     model = _trained_like(1)
     save_params(tmp_path / "full", 0, model)
@@ -83,6 +85,7 @@ def test_checkpoint_of_another_shape(tmp_path):
         restore_params(tmp_path / "empty", abstract_model(CFG, None, None))
 
 
+@pytest.mark.slow
 def test_convert_cli_both_directions(tmp_path):
     from safetensors.numpy import load_file
 
@@ -98,6 +101,7 @@ def test_convert_cli_both_directions(tmp_path):
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("saved_scan", [False, True], ids=["unrolled-into-scanned", "scanned-into-unrolled"])
 def test_restore_into_the_other_layer_layout(tmp_path, saved_scan):
     saved_cfg = dataclasses.replace(CFG, scan_layers=saved_scan)

@@ -37,6 +37,7 @@ def _read_all(directory):
     return tensors
 
 
+@pytest.mark.slow
 def test_round_trip_bit_identical_single_and_sharded(hf_dir, tmp_path):
     cfg, model = load_hf(hf_dir)
     assert cfg.vocab_size == CFG.vocab_size and cfg.n_kv_heads == 2
@@ -53,6 +54,7 @@ def test_round_trip_bit_identical_single_and_sharded(hf_dir, tmp_path):
         np.testing.assert_array_equal(original[name], again[name], err_msg=name)
 
 
+@pytest.mark.slow
 def test_missing_and_mismatched_files(hf_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_hf(tmp_path)
@@ -84,6 +86,7 @@ def test_missing_and_mismatched_files(hf_dir, tmp_path):
         load_hf(bad)
 
 
+@pytest.mark.slow
 def test_peft_adapter_loaded_by_hf_peft_matches(hf_dir, tmp_path):
     import torch
     from peft import PeftModel
@@ -112,6 +115,7 @@ def test_peft_adapter_loaded_by_hf_peft_matches(hf_dir, tmp_path):
     assert np.abs(hf_logits(merged.eval(), tokens, positions, mask) - ref)[mask].max() <= 1e-4
 
 
+@pytest.mark.slow
 def test_extra_tokens_rows_are_mean_rows(hf_dir):
     _, base = load_hf(hf_dir)
     cfg, model = load_hf(hf_dir, extra_tokens=3)
@@ -130,6 +134,7 @@ def test_extra_tokens_rows_are_mean_rows(hf_dir):
                                atol=1e-5)
 
 
+@pytest.mark.slow
 def test_bfloat16_checkpoint_round_trip(tmp_path):
     import torch
 

@@ -32,6 +32,7 @@ def _randomise_b(model, seed):
         linear.lora.b[...] = jnp.asarray(0.1 * rng.standard_normal(b.shape), b.dtype)
 
 
+@pytest.mark.slow
 def test_fresh_lora_equals_base_and_base_tree_unchanged():
     base = Mistral(CFG, rngs=nnx.Rngs(3))
     lora = Mistral(CFG, LORA, rngs=nnx.Rngs(3))
@@ -47,6 +48,7 @@ def test_fresh_lora_equals_base_and_base_tree_unchanged():
     assert len(adapter_paths) == 2 * (7 * (1 if CFG.scan_layers else CFG.n_layers) + 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_scaling_matches_explicit_merged_kernel(scan):
     cfg = dataclasses.replace(CFG, scan_layers=scan)
@@ -71,6 +73,7 @@ def test_targets_subset_and_unknown_target():
         Mistral(CFG, dataclasses.replace(LORA, targets=("qkv",)), rngs=nnx.Rngs(0))
 
 
+@pytest.mark.slow
 def test_dropout_only_in_training_mode():
     model = Mistral(CFG, dataclasses.replace(LORA, dropout=0.5, targets=("q", "lm_head")), rngs=nnx.Rngs(0))
     _randomise_b(model, 2)
@@ -81,6 +84,7 @@ def test_dropout_only_in_training_mode():
     assert np.abs(train_a - train_b).max() > 1e-4  # a fresh mask per call
 
 
+@pytest.mark.slow
 def test_adapter_swap_on_one_base():
     model = Mistral(CFG, LORA, rngs=nnx.Rngs(0))
     _randomise_b(model, 10)
@@ -96,6 +100,7 @@ def test_adapter_swap_on_one_base():
     np.testing.assert_array_equal(fwd(model), out_read)
 
 
+@pytest.mark.slow
 def test_training_updates_only_lora():
     model = Mistral(CFG, LORA, rngs=nnx.Rngs(0))
     base_before = jax.tree.map(jnp.copy, nnx.state(model, BASE_PARAMS))
@@ -117,6 +122,7 @@ def test_training_updates_only_lora():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_trainable_tokens_rows():
     lora = dataclasses.replace(LORA, trainable_tokens=(5, 9))
     model = Mistral(CFG, lora, rngs=nnx.Rngs(0))
@@ -138,6 +144,7 @@ def test_trainable_tokens_rows():
         Mistral(CFG, dataclasses.replace(LORA, trainable_tokens=(CFG.vocab_size,)), rngs=nnx.Rngs(0))
 
 
+@pytest.mark.slow
 def test_tied_head_scores_trained_rows_as_merged():
     """A tied head adds `x @ delta^T` in the trained ids' columns: the logits and the gradient of `delta` equal
     those of the merged embedding `embed.at[ids].set(embed[ids] + delta)` used as the head."""

@@ -17,6 +17,7 @@ CFG = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=
                   sliding_window=None, rope_theta=10000.0, max_seq_len=64)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scan"])
 @pytest.mark.parametrize("window", [None, 5])
 def test_hf_parity_float32_with_padding(tmp_path, window, scan):
@@ -47,6 +48,7 @@ def fwd(model, tokens, positions, mask=None, cache=None):
     return model(tokens, positions, mask, cache=cache)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", [None, 4])
 def test_cached_decoding_equals_full_forward(window):
     cfg = dataclasses.replace(CFG, sliding_window=window)
@@ -78,6 +80,7 @@ def test_cached_decoding_equals_full_forward(window):
     np.testing.assert_array_equal(np.asarray(cache.lengths_B), [L] * B)
 
 
+@pytest.mark.slow
 def test_rewind_overwrites_stale_slots():
     model = _model(CFG)
     rng = np.random.default_rng(2)
@@ -105,6 +108,7 @@ def test_cache_write_past_end_is_dropped():
     np.testing.assert_array_equal(np.asarray(cache2.slot_major()[0])[:, :, :3], k_before[:, :, :3])
 
 
+@pytest.mark.slow
 def test_bfloat16_params_and_compute_close_to_float32():
     model32 = _model(CFG)
     cfg16 = dataclasses.replace(CFG, param_dtype="bfloat16", compute_dtype="bfloat16")
@@ -120,6 +124,7 @@ def test_bfloat16_params_and_compute_close_to_float32():
     assert cache.k_LxBxKxHxS.dtype == cache.v_LxBxKxSxH.dtype == jnp.bfloat16
 
 
+@pytest.mark.slow
 def test_remat_same_values_and_grads():
     cfg_r = dataclasses.replace(CFG, remat=True)
     m, mr = _model(CFG), _model(cfg_r)

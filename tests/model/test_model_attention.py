@@ -61,6 +61,7 @@ def test_unknown_implementation_is_refused():
         Mistral(dataclasses.replace(CFG, attention="flash"), rngs=nnx.Rngs(0))
 
 
+@pytest.mark.slow
 def test_dot_product_attention_equals_einsum_in_training():
     ((l0, g0, _), (l1, g1, _)), mask = _packed_training(_models("xla"))
     np.testing.assert_allclose(l0[mask], l1[mask], atol=1e-5)
@@ -68,6 +69,7 @@ def test_dot_product_attention_equals_einsum_in_training():
     assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g1)) > 0
 
 
+@pytest.mark.slow
 def test_dot_product_attention_equals_einsum_with_a_kv_cache():
     rng = np.random.default_rng(2)
     tokens = jnp.asarray(rng.integers(0, CFG.vocab_size, (2, 10)), jnp.int32)
@@ -85,6 +87,7 @@ def test_dot_product_attention_equals_einsum_with_a_kv_cache():
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", [4, 5])
 def test_causal_query_blocks_equal_one_block(block):
     """`ModelConfig.attention_block`: queries in blocks against the keys up to each block's end give the logits and

@@ -183,6 +183,7 @@ def test_errors_are_one_line_naming_the_file(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_truncated_file_is_a_one_line_error(tmp_path):
     path = smollm2_gguf()
     for n in (100, 5 << 20):
@@ -253,6 +254,7 @@ def test_resolve_model_dir_converts_once_and_passes_directories(tmp_path, monkey
     assert resolve_model_dir(path) != first and len(calls) == 2
 
 
+@pytest.mark.slow
 def test_tied_head_scores_trained_marker_rows():
     """LoRA mode with trainable marker rows on a tied model: the delta moves the marker's logit as well as
     its input embedding, so training sees what `merge_lora` (and the exported model) will compute."""

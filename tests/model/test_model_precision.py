@@ -79,6 +79,7 @@ def _compiled_dot_operands(hlo_text: str) -> list[tuple[str, str, bool]]:
     return found
 
 
+@pytest.mark.slow
 def test_compiled_lora_gradient_multiplies_every_linear_adapter_and_the_tied_head_in_bf16():
     """What XLA runs, not only what JAX traces: the tied head's `[vocab, d_model]` embedding used as `E.T` was
     converted and multiplied in float32 after compilation, and the adapters' factors were float32 operands.
@@ -112,6 +113,7 @@ def _logits_and_grad(cfg, lora):
     return logits, value, grads
 
 
+@pytest.mark.slow
 def test_bfloat16_matmuls_in_the_model_track_float32_and_train_the_adapters():
     lora = LoraConfig(rank=4, alpha=8.0, dropout=0.0)
     logits32, loss32, grads32 = _logits_and_grad(CFG, lora)

@@ -40,6 +40,7 @@ def _batch(B=3, L=12):
     return tokens, positions, segments
 
 
+@pytest.mark.slow
 def test_same_seed_same_weights():
     unrolled = Mistral(CFG, LORA, rngs=nnx.Rngs(4))
     scanned = Mistral(dataclasses.replace(CFG, scan_layers=True), LORA, rngs=nnx.Rngs(4))
@@ -50,6 +51,7 @@ def test_same_seed_same_weights():
         np.testing.assert_array_equal(q[i], block.attn.q.kernel[...])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("remat", [False, True], ids=["plain", "remat"])
 def test_forward_and_gradients_equal_unrolled(remat):
     cfg = dataclasses.replace(CFG, remat=remat, remat_policy="dots_with_no_batch_dims_saveable")
@@ -82,6 +84,7 @@ def test_forward_and_gradients_equal_unrolled(remat):
     assert float(jnp.abs(o1["token_lora"]["delta"][...]).max()) > 0
 
 
+@pytest.mark.slow
 def test_cached_decoding_equals_unrolled_in_both_cache_forms():
     unrolled, scanned = _pair()
     tokens, positions, _ = _batch(L=10)
@@ -106,6 +109,7 @@ def test_cached_decoding_equals_unrolled_in_both_cache_forms():
         np.testing.assert_array_equal(results[0][1].lengths_B, cache.lengths_B)
 
 
+@pytest.mark.slow
 def test_read_loop_generates_the_same_tokens():
     from test_decode_parity import PROMPTS, TOK, Biased
     from test_decode_reader import FakeMemory
@@ -123,6 +127,7 @@ def test_read_loop_generates_the_same_tokens():
     assert out[0] == out[1] and any(calls for _, calls in out[0])
 
 
+@pytest.mark.slow
 def test_merge_lora_and_peft_export_equal_unrolled(tmp_path):
     from safetensors.numpy import load_file
 
@@ -144,6 +149,7 @@ def test_merge_lora_and_peft_export_equal_unrolled(tmp_path):
     np.testing.assert_allclose(scanned(tokens, positions)[0], before, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_unknown_remat_policy_is_named():
     cfg = dataclasses.replace(CFG, scan_layers=True, remat=True, remat_policy="save_all")
     model = Mistral(cfg, rngs=nnx.Rngs(0))

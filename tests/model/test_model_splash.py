@@ -83,6 +83,7 @@ CASES = {  # name: (sliding_window, B, L, packed pieces, {row: padded slice}); G
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_splash_equals_einsum(case):
     window, B, L, pieces, pad_rows = CASES[case]
@@ -95,6 +96,7 @@ def test_splash_equals_einsum(case):
     assert d_logits <= 1e-5 and d_grads <= 1e-5
 
 
+@pytest.mark.slow
 def test_splash_runs_per_device_under_a_mesh():
     """Batch over data x fsdp, heads over tensor: the kernel runs inside `shard_map` on 8 devices (here with a
     short sliding window, packed rows, a padded row, and remat)."""
@@ -124,6 +126,7 @@ def test_compiled_splash_refuses_other_backends():
         splash(tokens, positions, mask)
 
 
+@pytest.mark.slow
 def test_splash_forwards_on_a_kv_cache_keep_the_reference_path():
     """A prefill and a multi-token chunk on a cache: "splash" (compiled kernel, unusable on CPU) never runs the
     kernel there, so the logits are the einsum path's exactly."""

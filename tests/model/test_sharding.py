@@ -50,6 +50,7 @@ def _forward(graphdef):
     return f
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(8, 1, 1), (2, 2, 2), (1, 4, 2)])
 def test_sharded_forward_equals_single_device(reference, shape):
     graphdef, state, batch, expected = reference
@@ -82,6 +83,7 @@ def test_sharded_forward_equals_single_device(reference, shape):
         assert tuple(got) + (None,) * (len(spec) - len(got)) == tuple(spec), (path, got, spec)
 
 
+@pytest.mark.slow
 def test_create_sharded_model_abstract_init():
     mesh = make_mesh(MeshConfig(1, 4, 2))
     model = create_sharded_model(CFG, None, mesh, seed=0)
@@ -119,6 +121,7 @@ def test_model_size_command(capsys):
     assert "7,241,732,096" in out and "28,966,928,384" in out and "3,621,797,888" in out
 
 
+@pytest.mark.slow
 def test_sharded_cache_decoding_matches(reference):
     from memllm_jax.model.mistral import init_cache
     from memllm_jax.model.placement import cache_shardings

@@ -21,6 +21,7 @@ def _compile_some(n: int = 6) -> None:
         F(jnp.ones((size, size))).block_until_ready()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(compiled_code.mapping_limit() is None, reason="no /proc/sys/vm/max_map_count here")
 def test_release_drops_compiled_code_only_near_the_cap(monkeypatch):
     _compile_some()

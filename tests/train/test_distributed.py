@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import portpicker
+import pytest
 
 WORKER = pathlib.Path(__file__).with_name("distributed_worker.py")
 TIMEOUT_S = 300
@@ -34,6 +35,7 @@ def _run(n_processes: int, out: pathlib.Path) -> None:
         assert p.returncode == 0, log[-3000:]
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path):
     _run(2, tmp_path / "two.npz")
     _run(1, tmp_path / "one.npz")

@@ -96,6 +96,7 @@ def _metrics(workdir: pathlib.Path, kind: str) -> list[dict]:
     return [r for r in map(json.loads, open(workdir / "metrics.jsonl")) if r["kind"] == kind]
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one(runs):
     d = runs["dir"]
     results = [_result(log) for log in runs["logs_two"] + runs["logs_one"]]
@@ -142,6 +143,7 @@ def _restore(workdir: pathlib.Path, step: int):
         ckpt.close()
 
 
+@pytest.mark.slow
 def test_two_process_checkpoint_restores_in_one_process(runs):
     d = runs["dir"]
     for step in (2, STEPS):
@@ -163,6 +165,7 @@ def test_two_process_checkpoint_restores_in_one_process(runs):
         np.testing.assert_array_equal(np.asarray(v.get_value()), np.asarray(final[path].get_value()))
 
 
+@pytest.mark.slow
 def test_each_process_materialised_only_its_rows(runs):
     d = runs["dir"]
     one = np.load(d / "batches_one0.npz")

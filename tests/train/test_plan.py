@@ -3,6 +3,8 @@ longer grow by the gathered weights of every layer; the command prints the table
 
 import dataclasses
 
+import pytest
+
 from memllm_jax.config import MISTRAL_7B, LoraConfig, MeshConfig
 from memllm_jax.plan_cli import plan_train
 from memllm_jax.sharding import make_mesh
@@ -19,6 +21,7 @@ def _layer_params(cfg) -> int:
     return D * (N + 2 * K) * H + N * H * D + 3 * D * F
 
 
+@pytest.mark.slow
 def test_scan_temp_does_not_grow_with_depth_like_unrolled():
     mesh = make_mesh(MeshConfig(1, 8, 1))
     growth = {}
@@ -33,6 +36,7 @@ def test_scan_temp_does_not_grow_with_depth_like_unrolled():
     assert growth[True] < 1 and growth[True] < growth[False] / 6, growth
 
 
+@pytest.mark.slow
 def test_plan_command_prints_memory_flops_and_fit(capsys, monkeypatch):
     from memllm_jax import plan_cli
     from memllm_jax.cli import main

@@ -134,6 +134,7 @@ def test_pack_examples_rows_hold_whole_examples_once(tok, tmp_path):
     assert mean_fill > 0.6  # far less padding than one example per row
 
 
+@pytest.mark.slow
 def test_packed_forward_equals_separate_forwards(tok, tmp_path):
     """Segment ids keep packed examples independent: logits equal those of each example run alone."""
     import dataclasses
@@ -201,6 +202,7 @@ def test_pack_prefixes_lays_out_each_example_once_as_trunk_or_branch(tok, tmp_pa
     assert sum(len(e.ids) - 1 for e in corpus.examples) > 1.3 * slots
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("query_block", [0, 16])
 def test_prefix_packed_forward_equals_separate_forwards(tok, tmp_path, query_block):
     """A branch computes what its example computes alone at the same positions (with and without query blocks)."""

@@ -39,6 +39,7 @@ def pretrained(files):
     return cfg, loop.run(cfg)
 
 
+@pytest.mark.slow
 def test_pretraining_beats_unigram_and_writes_outputs(pretrained):
     cfg, r = pretrained
     assert r.eval_loss < 0.5 * r.unigram_eval_loss, (r.eval_loss, r.unigram_eval_loss)
@@ -76,6 +77,7 @@ def adapter(workdir):
     return [np.asarray(x) for x in jax.tree.leaves(state)]
 
 
+@pytest.mark.slow
 def test_kill_and_resume_is_bitwise_equal(files, pretrained, tmp_path):
     straight = loop.run(lora_cfg(files, pretrained, str(tmp_path / "a"), export_steps=(3,)))
     killed = loop.run(lora_cfg(files, pretrained, str(tmp_path / "b")), stop_after=3)
@@ -122,6 +124,7 @@ def test_kill_and_resume_is_bitwise_equal(files, pretrained, tmp_path):
     assert jax.tree.leaves(state.params)[0].sharding.mesh.shape == mesh.shape
 
 
+@pytest.mark.slow
 def test_resume_refuses_other_settings_and_resume_false_starts_over(files, pretrained, tmp_path):
     from memllm_jax.errors import InputError
 
@@ -141,6 +144,7 @@ def test_resume_refuses_other_settings_and_resume_false_starts_over(files, pretr
     assert max(Checkpointer(os.path.join(workdir, "ckpt")).all_steps()) == 4
 
 
+@pytest.mark.slow
 def test_nan_stops_and_keeps_last_good_checkpoint(files, pretrained, tmp_path):
     cfg = lora_cfg(files, pretrained, str(tmp_path / "nan"), lr=1e30, clip_norm=None, checkpoint_every=1,
                    steps=5, async_checkpoint=False)
@@ -152,6 +156,7 @@ def test_nan_stops_and_keeps_last_good_checkpoint(files, pretrained, tmp_path):
     assert not os.path.exists(os.path.join(cfg.workdir, "model"))
 
 
+@pytest.mark.slow
 def test_kept_heap_stops_at_the_first_change_of_batch_shape(files, tmp_path, monkeypatch, capsys):
     """A run whose batches come in two length buckets: at the first step whose batch shape differs from the step
     before, the runtime's hook stops keeping freed memory (`runtime.host_memory`) and says so; with one bucket,

@@ -15,6 +15,7 @@ def tok(tmp_path_factory):
     return make_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
+@pytest.mark.slow
 def test_loss_counts_span_tokens_and_ignores_the_rest(tok, tmp_path):
     records = write_records(8, seed=4)
     corpus = D.load_corpus([write_jsonl(tmp_path / "w.jsonl", records)], tok, seq_len=128)

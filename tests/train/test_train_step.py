@@ -52,6 +52,7 @@ def max_diff(a, b):
     return max(float(np.abs(x - y).max()) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+@pytest.mark.slow
 def test_meshes_equal_one_device():
     batch = random_batch(1, 8, 32)
     ref_state, ref_m, _, _ = one_step((1, 1, 1), batch)
@@ -64,6 +65,7 @@ def test_meshes_equal_one_device():
         assert max_diff(state.params, jax.tree.map(np.zeros_like, state.params)) > 0
 
 
+@pytest.mark.slow
 def test_bfloat16_matmuls_shard_like_one_device_and_track_float32():
     """`matmul_dtype="bfloat16"` (custom-VJP matmuls, the weight gradient over token chunks) on sharded meshes:
     the same loss and gradients as on one device, and close to the float32 step's."""
@@ -83,6 +85,7 @@ def test_bfloat16_matmuls_shard_like_one_device_and_track_float32():
         assert max_diff(m["grads"], ref["grads"]) <= 2e-3 * scale, shape
 
 
+@pytest.mark.slow
 def test_accumulation_equals_large_batch():
     big = random_batch(1, 32, 32, seed=3)
     micro = {k: v.reshape(4, 8, 32) for k, v in big.items()}
@@ -95,6 +98,7 @@ def test_accumulation_equals_large_batch():
     assert len({int(micro["loss_mask"][i].sum()) for i in range(4)}) > 1
 
 
+@pytest.mark.slow
 def test_lora_mode_trains_adapters_only():
     lora = LoraConfig(rank=4, alpha=8.0, dropout=0.1)
     state, m, split, frozen_before = one_step((2, 2, 2), random_batch(1, 8, 32, seed=5), mode="lora", lora=lora)
@@ -112,6 +116,7 @@ def test_lora_mode_trains_adapters_only():
     assert np.isfinite(m["loss"])
 
 
+@pytest.mark.slow
 def test_lora_plus_scales_the_b_matrices_updates_only():
     """LoRA+: with `lora_b_lr_ratio` r, step 1 moves every B matrix r times as far (B starts at zero, so its
     whole value is the update) and leaves the A matrices and the trained token rows as plain LoRA does."""
@@ -159,6 +164,7 @@ def with_head_fields(batch, groups):
     return {**batch, "head_index": index, "head_valid": valid}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", [(1, 1, 1), (2, 2, 2)])
 def test_head_at_loss_positions_equals_full_logits(mesh_shape):
     """`train.step.HEAD_FIELDS`: the LM head at the gathered loss positions gives the full-logits step's loss,
@@ -195,6 +201,7 @@ def test_head_at_loss_positions_equals_full_logits(mesh_shape):
     assert abs(run(broken)[1]["loss"] - full_m["loss"]) > 1e-4
 
 
+@pytest.mark.slow
 def test_prefix_packed_step_equals_example_packed_step(tmp_path):
     """The same examples in one global batch, packed whole ("pack_examples") or as trunks and branches
     ("pack_prefixes"), give the same loss, gradients and update on a sharded mesh with the LM head at the loss
