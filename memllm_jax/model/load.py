@@ -110,7 +110,8 @@ def load(path: str | os.PathLike, *, tokenizer=None, need_tokenizer: bool = Fals
     `merge_lora`: a stored LoRA adapter is folded into the base and a model without adapter modules returned;
     `lora`: fresh adapters (seeded by `seed`) on top of the (merged) weights, as a LoRA training run starts.
     `step`: a checkpoint's earlier step (default the latest). `base`: the model an adapter-only checkpoint was
-    trained on, when it names none (or another copy of the one it names). `mesh`: where the parameters go (default: one device)."""
+    trained on, when it names none (or another copy of the one it names). `mesh`: where the parameters go
+    (default: one device)."""
     src = identify(path)
     own = _own_config(src, step)  # before the tokenizer is read: a damaged config file names itself
     tok = tokenizer if tokenizer is not None else src.tokenizer
