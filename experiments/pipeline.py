@@ -154,7 +154,7 @@ class Pipeline:
                 path = self.out / "train" / "pretrain"
             model, _ = load(path, tokenizer=self.tokenizer())  # an HF base gets rows for the API markers
             if self.cfg.matmul_dtype is not None:  # the base too, so that every row multiplies alike
-                from memllm_jax.model.mistral import set_matmul_dtype
+                from memllm_jax.model.decoder import set_matmul_dtype
 
                 set_matmul_dtype(model, self.cfg.matmul_dtype)
             self._cache[which] = self._fit_context(model, which)

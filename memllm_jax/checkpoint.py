@@ -223,7 +223,7 @@ def _relayout(target: dict[str, jax.ShapeDtypeStruct], stored: set[str], n_layer
 def restore_params(directory: str | os.PathLike, target, step: int | None = None):
     """Restore into `target` and return the model.
 
-    `target` is a Mistral (restored in place; a LoRA-only checkpoint keeps its base weights) or a
+    `target` is a `Decoder` (restored in place; a LoRA-only checkpoint keeps its base weights) or a
     `(graphdef, abstract_state)` pair from `model.placement.abstract_model(cfg, lora, mesh)` whose
     ShapeDtypeStructs carry the shardings to restore into.
     """

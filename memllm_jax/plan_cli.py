@@ -133,7 +133,7 @@ def plan_decode(cfg, lora, mesh, batch: int, cache_len: int) -> Plan:
     import jax.numpy as jnp
     from flax import nnx
 
-    from memllm_jax.model.mistral import KVCache, init_cache
+    from memllm_jax.model.decoder import KVCache, init_cache
     from memllm_jax.model.placement import abstract_model, cache_shardings
     from memllm_jax.sharding import batch_sharding, row_sharding
 

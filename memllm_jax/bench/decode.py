@@ -41,14 +41,14 @@ def build(cfg_kwargs: dict, seed: int = 0):
 
     from memllm_jax.config import ModelConfig
     from memllm_jax.decode.scripted import CharTokenizer
-    from memllm_jax.model.mistral import Mistral
+    from memllm_jax.model.decoder import Decoder
 
     extra = WORDS + ["Rome>>", "capital of>>", "Italy", "Ada>>", "born in>>", "London", "USER"]
     tok = CharTokenizer(extra=extra)
     cfg_kwargs = dict(cfg_kwargs)
     vocab = max(cfg_kwargs.pop("vocab_size", 256), tok.vocab_size)  # a preset's vocabulary: its head's cost
     cfg = ModelConfig(vocab_size=vocab, sliding_window=None, tie_embeddings=False, **cfg_kwargs)
-    model = Mistral(cfg, rngs=nnx.Rngs(seed))
+    model = Decoder(cfg, rngs=nnx.Rngs(seed))
     rng = np.random.default_rng(seed)
     D, V = cfg.d_model, cfg.vocab_size
     emb = rng.normal(size=(V, D)).astype(np.float32)

@@ -19,7 +19,7 @@ from flax import nnx
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def _empty_cache(cfg, batch: int, max_len: int):
-    from memllm_jax.model.mistral import init_cache
+    from memllm_jax.model.decoder import init_cache
 
     return init_cache(cfg, batch, max_len)
 
@@ -82,16 +82,16 @@ _UNROLLED: list[tuple[StaticGraph, tuple, tuple[StaticGraph, Any]]] = []
 
 
 def _unrollable(model: Any, params: Any) -> bool:
-    """A scanned `Mistral` whose stacked layers are small and on one device: decoding it unrolled is 1.4-1.8x
+    """A scanned `Decoder` whose stacked layers are small and on one device: decoding it unrolled is 1.4-1.8x
     faster per step on CPU (batch 1 and 16, d_model 128, 2 layers, measured), as each scanned step slices
     every layer's cache (or, given per-layer caches, its weights) off the stack. A sharded model stays
     scanned (only one layer's gathered weights live at a time), and so does a large one (the copy of its
     layer weights costs more memory than the per-step slices cost time). Counting the kernels of the copy at their
     bf16 operand size instead made SmolLM2 unrolled and the main job's rows 1 and 2 slower together (194 s + 201 s
     against 203 s + 145 s scanned), so the bound counts the stored weights."""
-    from memllm_jax.model.mistral import Mistral
+    from memllm_jax.model.decoder import Decoder
 
-    if not isinstance(model, Mistral) or not model.cfg.scan_layers:
+    if not isinstance(model, Decoder) or not model.cfg.scan_layers:
         return False
     layers = jax.tree.leaves(params["layers"])
     one_device = all(len(x.sharding.device_set) == 1 for x in layers if isinstance(x, jax.Array))
@@ -102,7 +102,7 @@ def _unrolled_split(static: StaticGraph, params: Any) -> tuple[StaticGraph, Any]
     """The split of an unrolled copy of the scanned model `(static, params)`: its blocks' variables are slices
     of the stack (copied once), everything else is shared. The last one is kept, keyed by the identity of
     the parameter arrays (updated weights are new arrays)."""
-    from memllm_jax.model.mistral import unstack_blocks
+    from memllm_jax.model.decoder import unstack_blocks
 
     arrays = tuple(jax.tree.leaves(params))
     for graph, known, split in _UNROLLED:
@@ -122,7 +122,7 @@ def _store_kernels_as_operands(blocks) -> None:
     """Store the blocks' linear kernels (the copies `_unrolled_split` made) in their matmul operand dtype
     (`ModelConfig.matmul_dtype`) when that is narrower: the products are the same, as the matmul rounds its
     operands to that dtype anyway, and the decoding loop no longer converts every kernel at every step."""
-    from memllm_jax.model.mistral import Linear
+    from memllm_jax.model.decoder import Linear
 
     for block in blocks:
         for _, module in nnx.iter_modules(block):
@@ -154,7 +154,7 @@ def layered(cache: Any, model: Any) -> Any:
     CPU models (1.1-2x per token), but only one layer's gathered weights are live at a time (a 7B decode step
     on fsdp 8 would otherwise hold every layer's). `split_model` gives small single-device scanned models to
     the loops unrolled."""
-    from memllm_jax.model.mistral import KVCache, unstack_cache
+    from memllm_jax.model.decoder import KVCache, unstack_cache
 
     if not isinstance(cache, KVCache) or getattr(getattr(model, "cfg", None), "scan_layers", False):
         return cache
@@ -162,7 +162,7 @@ def layered(cache: Any, model: Any) -> Any:
 
 
 def stacked(cache: Any) -> Any:
-    from memllm_jax.model.mistral import KVCache, stack_cache
+    from memllm_jax.model.decoder import KVCache, stack_cache
 
     return stack_cache(cache) if isinstance(cache, KVCache) else cache
 

@@ -232,7 +232,7 @@ def read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec, server: int 
     A decode step costs about batch x attended slots, so the loop runs on the first `attend` slots of the
     cache only: a power of two that holds every row's length plus the whole chunk (rows cannot get past
     it within the chunk, and later slots are never read)."""
-    from memllm_jax.model.mistral import KVCache
+    from memllm_jax.model.decoder import KVCache
 
     attend = None
     if isinstance(s.cache, KVCache) and not isinstance(s.cache.k_LxBxKxHxS, (tuple, list)):

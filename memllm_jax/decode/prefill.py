@@ -31,12 +31,12 @@ from memllm_jax.tokenizer import common_prefix
 
 
 def _last_logits(model, tokens_BxL, positions_BxL, mask_BxL, cache, last_B):
-    """The logits after token `last_B[b]` of each row, and the updated cache. A `Mistral` runs its LM head there
+    """The logits after token `last_B[b]` of each row, and the updated cache. A `Decoder` runs its LM head there
     only (at every position the head is a fifth of a 135M model's prefill FLOPs); other models (the tests'
     scripted ones) give logits everywhere."""
-    from memllm_jax.model.mistral import Mistral
+    from memllm_jax.model.decoder import Decoder
 
-    if isinstance(model, Mistral):
+    if isinstance(model, Decoder):
         hidden_BxLxD, cache = model(tokens_BxL, positions_BxL, mask_BxL, cache=cache, return_hidden=True)
         return model.head(jnp.take_along_axis(hidden_BxLxD, last_B[:, None, None], axis=1))[:, 0], cache
     logits_BxLxV, cache = model(tokens_BxL, positions_BxL, mask_BxL, cache=cache)
@@ -126,7 +126,7 @@ def prefill(graphdef, params, cache, logits_BxV, rows: Sequence[Sequence[int]], 
     trips reuse a few compiled shapes; rows of very different lengths go in groups (`prefill_calls`; the
     model's stacked `KVCache` only). `donate`: the given cache's buffers are updated in place and must not be
     used afterwards."""
-    from memllm_jax.model.mistral import KVCache
+    from memllm_jax.model.decoder import KVCache
 
     longest = max((len(r) for r in rows), default=0)
     if longest > MAX_PREFILL:
@@ -259,7 +259,7 @@ def plan_sharing(rows: Sequence[Sequence[int]], n_active: int | None = None, min
 @jax.jit
 def _graft(trunk, trunk_logits_TxV, src_B, shared_B, is_trunk_B):
     """Rows of a new cache: row b holds trunk `src_B[b]`'s first `shared_B[b]` slots (zeros after)."""
-    from memllm_jax.model.mistral import KVCache
+    from memllm_jax.model.decoder import KVCache
 
     keep_BxS = jnp.arange(trunk.max_len)[None, :] < shared_B[:, None]
     k = jnp.where(keep_BxS[None, :, None, None, :], jnp.take(trunk.k_LxBxKxHxS, src_B, axis=1), 0)
@@ -273,7 +273,7 @@ def prefill_shared(graphdef, params, make_cache, max_len: int, vocab: int, rows:
     """A fresh cache of `len(rows)` rows x `max_len` slots holding `rows[b]` for b < n_active (later rows
     stay empty), and each row's next-token logits; equal to `prefill` of the whole rows up to float
     rounding."""
-    from memllm_jax.model.mistral import KVCache
+    from memllm_jax.model.decoder import KVCache
 
     B = len(rows)
     n_active = B if n_active is None else n_active

@@ -20,7 +20,7 @@ from memllm_jax.decode.graph import cache_factory, host, merge, split_model
 from memllm_jax.decode.prefill import prefill
 from memllm_jax.decode.sampling import argmax
 from memllm_jax.decode.shapes import doubled, round_up
-from memllm_jax.model.mistral import init_cache
+from memllm_jax.model.decoder import init_cache
 
 
 def batches_by_length(lengths: Sequence[int], batch_size: int) -> list[list[int]]:

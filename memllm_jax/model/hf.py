@@ -232,7 +232,7 @@ def load_hf(
     seed: int = 0,
     **config_overrides,
 ):
-    """`(ModelConfig, Mistral)` from an HF Mistral directory, each tensor placed into its target sharding.
+    """`(ModelConfig, Decoder)` from an HF Mistral directory, each tensor placed into its target sharding.
 
     `extra_tokens` appends that many embedding / LM-head rows initialised to the mean row (for added special
     tokens). `config_overrides` replace ModelConfig fields (e.g. `param_dtype="bfloat16"`).
@@ -251,7 +251,7 @@ def load_hf(
 
 def load_hf_weights(directory: str | os.PathLike, cfg: ModelConfig, mesh=None, *, lora: LoraConfig | None = None,
                     extra_tokens: int = 0, seed: int = 0):
-    """The Mistral of `cfg` (the directory's own `config.json`, as `config_from_hf` reads it, with any run-time
+    """The `Decoder` of `cfg` (the directory's own `config.json`, as `config_from_hf` reads it, with any run-time
     fields set) with the weights of the HF directory; see `load_hf`."""
     from memllm_jax.model.placement import abstract_model, materialize
     from memllm_jax.sharding import check_fits, state_shardings

@@ -14,7 +14,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from memllm_jax.config import LoraConfig, ModelConfig
-from memllm_jax.model.mistral import KVCache, Mistral
+from memllm_jax.model.decoder import KVCache, Decoder
 from memllm_jax.sharding import check_fits, logical_to_spec, state_shardings
 
 
@@ -32,7 +32,7 @@ def abstract_model(cfg: ModelConfig, lora_cfg: LoraConfig | None = None, mesh: M
     """`(graphdef, abstract_state)`; with a mesh the ShapeDtypeStructs carry their target shardings."""
     if mesh is not None:
         check_fits(cfg, mesh)
-    abstract = nnx.eval_shape(lambda: Mistral(cfg, lora_cfg, rngs=nnx.Rngs(seed)))
+    abstract = nnx.eval_shape(lambda: Decoder(cfg, lora_cfg, rngs=nnx.Rngs(seed)))
     graphdef, state = nnx.split(abstract)
     if mesh is not None:
         shardings = state_shardings(state, mesh)
@@ -51,20 +51,20 @@ def create_model(model_cfg: ModelConfig, lora: LoraConfig | None, mesh, seed: in
     """A randomly initialised model placed on `mesh` by its logical-axis shardings."""
     if param_bytes(model_cfg, lora, mesh)[0] > HOST_INIT_MAX_BYTES:
         return create_sharded_model(model_cfg, lora, mesh, seed)
-    model = Mistral(model_cfg, lora, rngs=nnx.Rngs(seed))
+    model = Decoder(model_cfg, lora, rngs=nnx.Rngs(seed))
     graphdef, state = nnx.split(model)
     state = jax.device_put(state, state_shardings(state, mesh))
     return nnx.merge(graphdef, state)
 
 
 def create_sharded_model(cfg: ModelConfig, lora_cfg: LoraConfig | None, mesh: Mesh, seed: int = 0):
-    """Initialise a Mistral directly into its shardings on `mesh`."""
+    """Initialise a `Decoder` directly into its shardings on `mesh`."""
     check_fits(cfg, mesh)
     graphdef, abstract = abstract_model(cfg, lora_cfg, None, seed)
     shardings = state_shardings(abstract, mesh)
 
     def init():
-        return nnx.state(Mistral(cfg, lora_cfg, rngs=nnx.Rngs(seed)))
+        return nnx.state(Decoder(cfg, lora_cfg, rngs=nnx.Rngs(seed)))
 
     state = jax.jit(init, out_shardings=shardings)()
     return nnx.merge(graphdef, state)
@@ -96,7 +96,7 @@ def materialize(graphdef, state, seed: int = 0):
         out_shardings = [var.get_value().sharding for _, var in todo]
 
         def init():
-            fresh = dict(nnx.to_flat_state(nnx.state(Mistral(cfg, lora_cfg, rngs=nnx.Rngs(seed)))))
+            fresh = dict(nnx.to_flat_state(nnx.state(Decoder(cfg, lora_cfg, rngs=nnx.Rngs(seed)))))
             return [fresh[p].get_value() for p in paths]
 
         values = jax.jit(init, out_shardings=out_shardings)()

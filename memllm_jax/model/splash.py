@@ -14,7 +14,7 @@ cache-free forward here lays out its rows (`train/data.py`: each example's posit
 The kernel tiles the sequence in blocks of 128, 256 or 512 tokens, so the wrapper pads L up to a multiple of
 128 and slices the output back. The padded tail comes after every real token, so the causal mask keeps it
 out of their attention; its own rows are discarded (and get zero cotangents). Block sizes are not tuned
-(no TPU here). Letters as in `mistral.py`; P = L padded.
+(no TPU here). Letters as in `decoder.py`; P = L padded.
 """
 
 from __future__ import annotations

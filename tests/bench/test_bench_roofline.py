@@ -97,9 +97,9 @@ def _close(ours: float, xla: float) -> None:
 
 @pytest.fixture(scope="module")
 def xla_model():
-    from memllm_jax.model.mistral import Mistral
+    from memllm_jax.model.decoder import Decoder
 
-    return Mistral(XLA_CFG, rngs=nnx.Rngs(0))
+    return Decoder(XLA_CFG, rngs=nnx.Rngs(0))
 
 
 @pytest.mark.parametrize("rows, width, slots, attend", [(2, 32, 64, None), (3, 16, 32, 32)])

@@ -17,7 +17,7 @@ from memllm_jax import protocol
 from memllm_jax.cli import main
 from memllm_jax.config import TINY
 from memllm_jax.model.hf import save_hf
-from memllm_jax.model.mistral import Mistral
+from memllm_jax.model.decoder import Decoder
 from memllm_jax.tokenizer import train_tokenizer
 
 N_PER_CLASS = 2
@@ -34,7 +34,7 @@ def setup(tmp_path_factory):
     tok = train_tokenizer([protocol.escape_text(t) for t in texts], 512, model_dir)
     # The 8-shot prompt is ~3.3k tokens with this tokenizer: the model's positions must cover it.
     cfg = dataclasses.replace(TINY, vocab_size=tok.vocab_size, max_seq_len=4096)
-    save_hf(Mistral(cfg, rngs=nnx.Rngs(0)), model_dir)
+    save_hf(Decoder(cfg, rngs=nnx.Rngs(0)), model_dir)
     return root, corpus, docs, model_dir
 
 

@@ -24,13 +24,13 @@ TOK = CharTokenizer()
 def test_generate_command_end_to_end(tmp_path, capsys):
     from memllm_jax.cli import main
     from memllm_jax.model.hf import save_hf
-    from memllm_jax.model.mistral import Mistral
+    from memllm_jax.model.decoder import Decoder
     from memllm_jax.tokenizer import train_tokenizer
 
     texts = [protocol.escape_text("Paris is the capital of France. Rome is in Italy.")] * 20
     tok = train_tokenizer(texts, 300, tmp_path / "m")
     cfg = dataclasses.replace(TINY, vocab_size=tok.vocab_size, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64)
-    model = Mistral(cfg, rngs=nnx.Rngs(0))
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
     save_hf(model, tmp_path / "m")
     assert main(["generate", "--model", str(tmp_path / "m"), "Paris is", "({MEM_READ(x>>r>>)-->",
                  "--max-new-tokens", "6", "--show-memory"]) == 0

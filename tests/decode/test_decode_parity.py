@@ -14,7 +14,7 @@ from memllm_jax.decode.graph import split_model
 from memllm_jax.decode.prefill import MAX_PREFILL, prefill
 from memllm_jax.decode.reader import ReadController, encode_prompt
 from memllm_jax.decode.scripted import CharTokenizer
-from memllm_jax.model.mistral import Mistral, init_cache
+from memllm_jax.model.decoder import Decoder, init_cache
 
 from test_decode_reader import FakeMemory
 
@@ -30,7 +30,7 @@ class Biased(nnx.Module):
 
     def __init__(self, seed=0):
         self.cfg = TINY.__class__(**{**TINY.__dict__, "vocab_size": TOK.vocab_size})
-        self.inner = Mistral(self.cfg, rngs=nnx.Rngs(seed))
+        self.inner = Decoder(self.cfg, rngs=nnx.Rngs(seed))
         bias = np.zeros((TOK.vocab_size, TOK.vocab_size), np.float32)
         for a, b in ((ID["a"], OPEN), (ID["b"], OPEN), (OPEN, ID["x>>"]), (ID["x>>"], ID["r>>"]), (ID["r>>"], END),
                      (CLOSE, ID["b"])):

@@ -13,7 +13,7 @@ from memllm_jax.config import TINY
 from memllm_jax.decode.graph import split_model
 from memllm_jax.decode.prefill import CALL_COST_TOKENS, MIN_GROUP, prefill, prefill_calls
 from memllm_jax.decode.shapes import bucket
-from memllm_jax.model.mistral import Mistral, init_cache
+from memllm_jax.model.decoder import Decoder, init_cache
 
 
 def _cost(calls, B):
@@ -50,7 +50,7 @@ def test_rows_of_different_lengths_go_in_groups():
 @pytest.mark.slow
 def test_grouped_prefill_equals_each_row_alone_on_the_real_decoder():
     cfg = dataclasses.replace(TINY, vocab_size=64)
-    model = Mistral(cfg, rngs=nnx.Rngs(5))
+    model = Decoder(cfg, rngs=nnx.Rngs(5))
     g, p = split_model(model)
     rng = np.random.default_rng(0)
     B, S, V = 20, 96, cfg.vocab_size

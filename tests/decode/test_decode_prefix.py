@@ -16,7 +16,7 @@ from memllm_jax.decode.prefill import MIN_SAVED, plan_sharing, prefill, prefill_
 from memllm_jax.decode.scripted import CharTokenizer
 from memllm_jax.decode.corpus_writer import iter_write_prompts, write_corpus, WriteDocument
 from memllm_jax.decode.writer import WriteDecoding, decode_writes
-from memllm_jax.model.mistral import Mistral, init_cache
+from memllm_jax.model.decoder import Decoder, init_cache
 
 TOK = CharTokenizer()
 SENTS = [f"Person {i} was born in town {i * 7} in the year {1900 + i}." for i in range(6)]
@@ -53,7 +53,7 @@ def test_plan_one_trunk_per_document_and_padding_untouched():
 @pytest.mark.slow
 def test_shared_prefill_equals_whole_prefill_on_the_real_decoder():
     cfg = dataclasses.replace(TINY, vocab_size=TOK.vocab_size)
-    model = Mistral(cfg, rngs=nnx.Rngs(3))
+    model = Decoder(cfg, rngs=nnx.Rngs(3))
     g, p = split_model(model)
     other = [[TOK.bos_id] + TOK.encode("Other text. ") + p[1:] for p in doc_prompts("b", 3)]  # another document
     rows = doc_prompts("a", 5) + other + [[TOK.bos_id]]

@@ -19,7 +19,7 @@ from memllm_jax.decode.refill import default_refill_at, refill_writes
 from memllm_jax.decode.scripted import CharTokenizer, PolicyModel, TableModel
 from memllm_jax.decode.corpus_writer import iter_write_prompts, write_corpus, WriteDocument
 from memllm_jax.decode.writer import WriteDecoding, decode_writes
-from memllm_jax.model.mistral import Mistral
+from memllm_jax.model.decoder import Decoder
 
 POOL = 4
 
@@ -111,7 +111,7 @@ SENTS = [f"P{i} was born in T{i * 7} in {1900 + i}." for i in range(6)]
 def random_writer(scan_layers: bool):
     """A random TINY decoder whose LM head favours the closing token and EOS, so calls end at many lengths."""
     cfg = dataclasses.replace(TINY, vocab_size=TOK.vocab_size, scan_layers=scan_layers)
-    model = Mistral(cfg, rngs=nnx.Rngs(3))
+    model = Decoder(cfg, rngs=nnx.Rngs(3))
     kernel = np.array(model.lm_head.kernel[...])
     kernel[:, CLOSE] *= 2.0
     kernel[:, TOK.eos_id] *= 2.0

@@ -128,10 +128,10 @@ def test_a_rewound_real_kv_cache_gives_the_logits_of_the_shorter_context():
     from flax import nnx
 
     from memllm_jax.config import TINY
-    from memllm_jax.model.mistral import Mistral, init_cache
+    from memllm_jax.model.decoder import Decoder, init_cache
 
     cfg = dataclasses.replace(TINY, vocab_size=TOK.vocab_size)
-    model = Mistral(cfg, rngs=nnx.Rngs(0))
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
     ids = TOK.encode("a>>r>>b;c>>r>>d;")
     cache = init_cache(cfg, 1, 64)
     logits_at = []

@@ -10,7 +10,7 @@ from memllm_jax.config import TINY
 from memllm_jax.eval import editing
 from memllm_jax.eval.editing import (EditRecord, ZSRE_SHOTS, _score, build_prompt_ids, extract_answer, load_zsre,
                                      normalize_answer)
-from memllm_jax.model.mistral import Mistral
+from memllm_jax.model.decoder import Decoder
 from tests.support.eval_fakes import CharTokenizer
 
 
@@ -114,7 +114,7 @@ def test_end_to_end_without_edits_keeps_locality(monkeypatch):
     from memllm_jax.memory.encoder import load_encoder
 
     tok = CharTokenizer()
-    model = Mistral(dataclasses.replace(TINY, vocab_size=128, max_seq_len=512), rngs=nnx.Rngs(0))
+    model = Decoder(dataclasses.replace(TINY, vocab_size=128, max_seq_len=512), rngs=nnx.Rngs(0))
     monkeypatch.setattr(editing, "extract_edits", lambda *a, **k: [[] for _ in a[2]])
     recs = [EditRecord("Who?", "Who is it?", "Ann", "Where?"), EditRecord("What?", "What is it?", "Bob", "When?")]
     shots = (editing.Shot("A?", "B"), editing.Shot("C?", "D", (protocol.Query("C", "r", None),)))

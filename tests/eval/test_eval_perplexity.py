@@ -12,7 +12,7 @@ from memllm_jax.config import TINY
 from memllm_jax.eval.mixture import char_spans_to_token_mask
 from memllm_jax.eval.perplexity import ReadSetting, evaluate_perplexity
 from memllm_jax.eval.records import EvalDoc, GoldRead, doc_from_record, encode_document
-from memllm_jax.model.mistral import Mistral
+from memllm_jax.model.decoder import Decoder
 from tests.support.eval_fakes import CharTokenizer
 
 CFG = dataclasses.replace(TINY, vocab_size=128, max_seq_len=256)
@@ -45,7 +45,7 @@ def _logp(model, seq):
 @pytest.mark.slow
 def test_gold_reads_match_direct_computation():
     tok = CharTokenizer()
-    model = Mistral(CFG, rngs=nnx.Rngs(0))
+    model = Decoder(CFG, rngs=nnx.Rngs(0))
     docs = [encode_document(tok, d) for d in _docs()]
     setting = ReadSetting(positions="gold", queries="gold", results="gold_only")
     res = evaluate_perplexity(model, tok, docs, None, setting, batch_size=2)
@@ -82,7 +82,7 @@ def test_gold_reads_match_direct_computation():
 @pytest.mark.slow
 def test_no_reads_is_plain_perplexity_and_reads_change_it():
     tok = CharTokenizer()
-    model = Mistral(CFG, rngs=nnx.Rngs(1))
+    model = Decoder(CFG, rngs=nnx.Rngs(1))
     docs = [encode_document(tok, d) for d in _docs()]
     res = evaluate_perplexity(model, tok, docs, None, ReadSetting(positions="none"), batch_size=4)
     nll, n = 0.0, 0
@@ -181,7 +181,7 @@ def test_kept_prefix_keys_values_give_the_whole_sequence_scores_and_generations(
     """Scoring / generating after a kept prefix equals doing it on the whole sequence."""
     from memllm_jax.eval.scoring import GreedyGenerator, Scorer
 
-    model = Mistral(CFG, rngs=nnx.Rngs(3))
+    model = Decoder(CFG, rngs=nnx.Rngs(3))
     rng = np.random.default_rng(0)
     docs = [list(rng.integers(9, 100, n)) for n in (40, 23, 57)]
     mr = 5
@@ -210,7 +210,7 @@ def test_batches_by_length_pads_alike_and_results_keep_the_input_order():
 
     assert batches_by_length([5, 1, 9, 1, 3], 2) == [[1, 3], [4, 0], [2]]
     assert batches_by_length([], 4) == []
-    model = Mistral(CFG, rngs=nnx.Rngs(4))
+    model = Decoder(CFG, rngs=nnx.Rngs(4))
     rng = np.random.default_rng(1)
     seqs = [list(rng.integers(9, 100, n)) for n in (50, 6, 31, 7, 44)]
     scorer = Scorer(model, 5, batch_size=2)

@@ -120,12 +120,12 @@ def test_generate_command_writes_html(tmp_path, capsys):
     from memllm_jax.cli import main
     from memllm_jax.config import TINY
     from memllm_jax.model.hf import save_hf
-    from memllm_jax.model.mistral import Mistral
+    from memllm_jax.model.decoder import Decoder
     from memllm_jax.tokenizer import train_tokenizer
 
     tok = train_tokenizer([protocol.escape_text("Paris is the capital of France.")] * 20, 300, tmp_path / "m")
     cfg = dataclasses.replace(TINY, vocab_size=tok.vocab_size, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64)
-    save_hf(Mistral(cfg, rngs=nnx.Rngs(0)), tmp_path / "m")
+    save_hf(Decoder(cfg, rngs=nnx.Rngs(0)), tmp_path / "m")
     assert main(["generate", "--model", str(tmp_path / "m"), "Paris is", "--max-new-tokens", "4", "--show-memory",
                  "--html", str(tmp_path / "out.html")]) == 0
     assert "wrote" in capsys.readouterr().err

@@ -184,11 +184,11 @@ def test_real_model_shards_in_two_processes(tmp_path, capsys):
 
     from memllm_jax.checkpoint import save_params
     from memllm_jax.config import TINY
-    from memllm_jax.model.mistral import Mistral
+    from memllm_jax.model.decoder import Decoder
     from tests.support.train_fixtures import make_tokenizer
 
     tok = make_tokenizer(tmp_path / "tok")
-    save_params(tmp_path / "model", 0, Mistral(dataclasses.replace(TINY, vocab_size=tok.vocab_size), rngs=nnx.Rngs(0)),
+    save_params(tmp_path / "model", 0, Decoder(dataclasses.replace(TINY, vocab_size=tok.vocab_size), rngs=nnx.Rngs(0)),
                 tokenizer=str(tmp_path / "tok"))
     corpus = _corpus(tmp_path / "c.jsonl")
     write = ["memory", "write", "--model", str(tmp_path / "model"), "--corpus", str(corpus), "--batch-size", "4",

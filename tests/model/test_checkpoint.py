@@ -11,7 +11,7 @@ from flax import nnx
 from memllm_jax.checkpoint import read_configs, restore_params, save_params
 from memllm_jax.config import LoraConfig, MeshConfig, ModelConfig
 from memllm_jax.model.lora import lora_modules
-from memllm_jax.model.mistral import Mistral
+from memllm_jax.model.decoder import Decoder
 from memllm_jax.model.placement import abstract_model
 from memllm_jax.sharding import make_mesh, state_shardings
 
@@ -28,7 +28,7 @@ def fwd(model):
 
 
 def _trained_like(seed):
-    model = Mistral(CFG, LORA, rngs=nnx.Rngs(seed))
+    model = Decoder(CFG, LORA, rngs=nnx.Rngs(seed))
     rng = np.random.default_rng(seed)
     for _, linear in lora_modules(model):
         linear.lora.b[...] = jnp.asarray(0.1 * rng.standard_normal(linear.lora.b[...].shape), jnp.float32)
@@ -70,12 +70,12 @@ def test_base_and_lora_separately_and_adapter_restore(tmp_path):
     with pytest.raises(ValueError, match="no base parameters"):
         restore_params(tmp_path / "adapter", abstract_model(CFG, LORA, None))
     # A base-only model from the full checkpoint.
-    base = restore_params(tmp_path / "full", Mistral(CFG, rngs=nnx.Rngs(5)))
+    base = restore_params(tmp_path / "full", Decoder(CFG, rngs=nnx.Rngs(5)))
     np.testing.assert_array_equal(base.embed[...], model.embed[...])
 
 
 def test_checkpoint_of_another_shape(tmp_path):
-    save_params(tmp_path, 0, Mistral(CFG, rngs=nnx.Rngs(0)))
+    save_params(tmp_path, 0, Decoder(CFG, rngs=nnx.Rngs(0)))
     wider = dataclasses.replace(CFG, d_ff=96)
     with pytest.raises(ValueError, match=r"item 'base'\): parameter 'layers.mlp.down.kernel' has shape \(2, 64, 32\)"):
         restore_params(tmp_path, abstract_model(wider, None, None))
@@ -105,7 +105,7 @@ def test_convert_cli_both_directions(tmp_path):
 @pytest.mark.parametrize("saved_scan", [False, True], ids=["unrolled-into-scanned", "scanned-into-unrolled"])
 def test_restore_into_the_other_layer_layout(tmp_path, saved_scan):
     saved_cfg = dataclasses.replace(CFG, scan_layers=saved_scan)
-    model = Mistral(saved_cfg, LORA, rngs=nnx.Rngs(2))
+    model = Decoder(saved_cfg, LORA, rngs=nnx.Rngs(2))
     rng = np.random.default_rng(2)
     for _, var in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)):
         var[...] = jnp.asarray(0.1 * rng.standard_normal(var[...].shape), jnp.float32)
@@ -122,7 +122,7 @@ def test_restore_into_the_other_layer_layout(tmp_path, saved_scan):
 def test_checkpoint_without_scan_field_reads_as_unrolled(tmp_path):
     import json
 
-    save_params(tmp_path, 0, Mistral(dataclasses.replace(CFG, scan_layers=False), rngs=nnx.Rngs(0)))
+    save_params(tmp_path, 0, Decoder(dataclasses.replace(CFG, scan_layers=False), rngs=nnx.Rngs(0)))
     config_file = tmp_path / "0" / "config" / "metadata"
     stored = json.loads(config_file.read_text())
     del stored["model"]["scan_layers"]

@@ -11,7 +11,7 @@ from flax import nnx
 
 from memllm_jax.config import LoraConfig, ModelConfig
 from memllm_jax.model.lora import BASE_PARAMS, get_adapter, lora_modules, merge_lora, set_adapter
-from memllm_jax.model.mistral import Mistral
+from memllm_jax.model.decoder import Decoder
 
 CFG = ModelConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
                   sliding_window=None, max_seq_len=32)
@@ -34,8 +34,8 @@ def _randomise_b(model, seed):
 
 @pytest.mark.slow
 def test_fresh_lora_equals_base_and_base_tree_unchanged():
-    base = Mistral(CFG, rngs=nnx.Rngs(3))
-    lora = Mistral(CFG, LORA, rngs=nnx.Rngs(3))
+    base = Decoder(CFG, rngs=nnx.Rngs(3))
+    lora = Decoder(CFG, LORA, rngs=nnx.Rngs(3))
     np.testing.assert_array_equal(fwd(base), fwd(lora))
     base_state = nnx.to_flat_state(nnx.state(base, nnx.Param))
     lora_base = nnx.to_flat_state(nnx.state(lora, BASE_PARAMS))
@@ -52,13 +52,13 @@ def test_fresh_lora_equals_base_and_base_tree_unchanged():
 @pytest.mark.parametrize("scan", [False, True])
 def test_scaling_matches_explicit_merged_kernel(scan):
     cfg = dataclasses.replace(CFG, scan_layers=scan)
-    model = Mistral(cfg, LORA, rngs=nnx.Rngs(0))
+    model = Decoder(cfg, LORA, rngs=nnx.Rngs(0))
     _randomise_b(model, 1)
     before = fwd(model)
     q = model.layers.attn.q if scan else model.layers[0].attn.q
     a, b = np.asarray(q.lora.a[...]), np.asarray(q.lora.b[...])
     expected = np.asarray(q.kernel[...]) + (LORA.alpha / LORA.rank) * np.einsum("...dr,...rnh->...dnh", a, b)
-    assert np.abs(before - fwd(Mistral(cfg, LORA, rngs=nnx.Rngs(0)))).max() > 1e-3
+    assert np.abs(before - fwd(Decoder(cfg, LORA, rngs=nnx.Rngs(0)))).max() > 1e-3
     merge_lora(model)
     np.testing.assert_allclose(np.asarray(q.kernel[...]), expected, atol=1e-6)
     np.testing.assert_allclose(fwd(model), before, atol=1e-5)
@@ -66,16 +66,16 @@ def test_scaling_matches_explicit_merged_kernel(scan):
 
 
 def test_targets_subset_and_unknown_target():
-    model = Mistral(CFG, dataclasses.replace(LORA, targets=("q", "v", "lm_head")), rngs=nnx.Rngs(0))
+    model = Decoder(CFG, dataclasses.replace(LORA, targets=("q", "v", "lm_head")), rngs=nnx.Rngs(0))
     names = {tuple(str(k) for k in path)[-1] for path, _ in lora_modules(model)}
     assert names == {"q", "v", "lm_head"}
     with pytest.raises(ValueError, match="targets"):
-        Mistral(CFG, dataclasses.replace(LORA, targets=("qkv",)), rngs=nnx.Rngs(0))
+        Decoder(CFG, dataclasses.replace(LORA, targets=("qkv",)), rngs=nnx.Rngs(0))
 
 
 @pytest.mark.slow
 def test_dropout_only_in_training_mode():
-    model = Mistral(CFG, dataclasses.replace(LORA, dropout=0.5, targets=("q", "lm_head")), rngs=nnx.Rngs(0))
+    model = Decoder(CFG, dataclasses.replace(LORA, dropout=0.5, targets=("q", "lm_head")), rngs=nnx.Rngs(0))
     _randomise_b(model, 2)
     eval_a, eval_b = fwd(model), fwd(model)
     np.testing.assert_array_equal(eval_a, eval_b)
@@ -86,7 +86,7 @@ def test_dropout_only_in_training_mode():
 
 @pytest.mark.slow
 def test_adapter_swap_on_one_base():
-    model = Mistral(CFG, LORA, rngs=nnx.Rngs(0))
+    model = Decoder(CFG, LORA, rngs=nnx.Rngs(0))
     _randomise_b(model, 10)
     write_adapter = jax.tree.map(jnp.copy, get_adapter(model))
     out_write = fwd(model)
@@ -102,7 +102,7 @@ def test_adapter_swap_on_one_base():
 
 @pytest.mark.slow
 def test_training_updates_only_lora():
-    model = Mistral(CFG, LORA, rngs=nnx.Rngs(0))
+    model = Decoder(CFG, LORA, rngs=nnx.Rngs(0))
     base_before = jax.tree.map(jnp.copy, nnx.state(model, BASE_PARAMS))
     opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.LoRAParam)
 
@@ -125,8 +125,8 @@ def test_training_updates_only_lora():
 @pytest.mark.slow
 def test_trainable_tokens_rows():
     lora = dataclasses.replace(LORA, trainable_tokens=(5, 9))
-    model = Mistral(CFG, lora, rngs=nnx.Rngs(0))
-    base_out = fwd(Mistral(CFG, rngs=nnx.Rngs(0)))
+    model = Decoder(CFG, lora, rngs=nnx.Rngs(0))
+    base_out = fwd(Decoder(CFG, rngs=nnx.Rngs(0)))
     np.testing.assert_array_equal(fwd(model), base_out)
     assert model.token_lora.delta[...].shape == (2, CFG.d_model)
     assert isinstance(model.token_lora.delta, nnx.LoRAParam)
@@ -141,7 +141,7 @@ def test_trainable_tokens_rows():
     merge_lora(model)
     np.testing.assert_allclose(fwd(model), before, atol=1e-5)
     with pytest.raises(ValueError, match="trainable_tokens"):
-        Mistral(CFG, dataclasses.replace(LORA, trainable_tokens=(CFG.vocab_size,)), rngs=nnx.Rngs(0))
+        Decoder(CFG, dataclasses.replace(LORA, trainable_tokens=(CFG.vocab_size,)), rngs=nnx.Rngs(0))
 
 
 @pytest.mark.slow
@@ -149,7 +149,7 @@ def test_tied_head_scores_trained_rows_as_merged():
     """A tied head adds `x @ delta^T` in the trained ids' columns: the logits and the gradient of `delta` equal
     those of the merged embedding `embed.at[ids].set(embed[ids] + delta)` used as the head."""
     cfg = dataclasses.replace(CFG, tie_embeddings=True)
-    model = Mistral(cfg, dataclasses.replace(LORA, trainable_tokens=(5, 9, 100)), rngs=nnx.Rngs(1))
+    model = Decoder(cfg, dataclasses.replace(LORA, trainable_tokens=(5, 9, 100)), rngs=nnx.Rngs(1))
     model.token_lora.delta[...] = jnp.asarray(np.random.default_rng(2).standard_normal((3, cfg.d_model)), jnp.float32)
     x_BxLxD = jnp.asarray(np.random.default_rng(3).standard_normal((2, 4, cfg.d_model)), jnp.float32)
     embed = model.embed[...]

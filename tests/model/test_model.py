@@ -10,7 +10,7 @@ from flax import nnx
 
 from memllm_jax.config import ModelConfig
 from memllm_jax.model.hf import load_hf
-from memllm_jax.model.mistral import KVCache, Mistral, init_cache
+from memllm_jax.model.decoder import KVCache, Decoder, init_cache
 from memllm_jax.model.testing import hf_logits, layer_param, padded_batch, save_hf_mistral
 
 CFG = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
@@ -40,7 +40,7 @@ def test_hf_parity_float32_with_padding(tmp_path, window, scan):
 
 
 def _model(cfg, seed=0):
-    return Mistral(cfg, rngs=nnx.Rngs(seed))
+    return Decoder(cfg, rngs=nnx.Rngs(seed))
 
 
 @nnx.jit

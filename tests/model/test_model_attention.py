@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from memllm_jax.config import LoraConfig, ModelConfig
-from memllm_jax.model.mistral import Mistral, init_cache
+from memllm_jax.model.decoder import Decoder, init_cache
 from memllm_jax.train.loss import masked_cross_entropy
 
 CFG = ModelConfig(vocab_size=96, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
@@ -22,11 +22,11 @@ LORA = LoraConfig(rank=4, dropout=0.0)
 def _models(implementation: str = "einsum", ref_changes: dict | None = None, **changes):
     """The reference model (CFG with `ref_changes`) with random adapters, and the same weights under CFG with the
     attention `implementation` and `changes`."""
-    ref = Mistral(dataclasses.replace(CFG, **(ref_changes or {})), LORA, rngs=nnx.Rngs(0))
+    ref = Decoder(dataclasses.replace(CFG, **(ref_changes or {})), LORA, rngs=nnx.Rngs(0))
     rng = np.random.default_rng(1)
     for _, var in nnx.to_flat_state(nnx.state(ref, nnx.LoRAParam)):
         var[...] = jnp.asarray(0.2 * rng.standard_normal(var[...].shape), jnp.float32)
-    other = Mistral(dataclasses.replace(CFG, attention=implementation, **changes), LORA, rngs=nnx.Rngs(0))
+    other = Decoder(dataclasses.replace(CFG, attention=implementation, **changes), LORA, rngs=nnx.Rngs(0))
     nnx.update(other, nnx.state(ref))
     return ref, other
 
@@ -58,7 +58,7 @@ def _packed_training(models):
 
 def test_unknown_implementation_is_refused():
     with pytest.raises(ValueError, match="ModelConfig.attention='flash'"):
-        Mistral(dataclasses.replace(CFG, attention="flash"), rngs=nnx.Rngs(0))
+        Decoder(dataclasses.replace(CFG, attention="flash"), rngs=nnx.Rngs(0))
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from memllm_jax import protocol
 from memllm_jax.config import LoraConfig, SMOLLM2_135M, TINY
 from memllm_jax.model.gguf import gguf_to_hf, hf_config, open_gguf, resolve_model_dir
 from memllm_jax.model.hf import load_hf
-from memllm_jax.model.mistral import Mistral
+from memllm_jax.model.decoder import Decoder
 from memllm_jax.tokenizer import load_tokenizer
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -260,7 +260,7 @@ def test_tied_head_scores_trained_marker_rows():
     its input embedding, so training sees what `merge_lora` (and the exported model) will compute."""
     cfg = TINY.__class__(**{**TINY.__dict__, "tie_embeddings": True})
     marker = cfg.vocab_size - 1
-    model = Mistral(cfg, LoraConfig(targets=("q",), trainable_tokens=(marker,)), rngs=nnx.Rngs(0))
+    model = Decoder(cfg, LoraConfig(targets=("q",), trainable_tokens=(marker,)), rngs=nnx.Rngs(0))
     tokens, positions = jnp.asarray([[1, 2, 3]]), jnp.arange(3)[None]
     before = model(tokens, positions)[0]
     model.token_lora.delta[...] = jnp.ones_like(model.token_lora.delta[...])

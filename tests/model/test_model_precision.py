@@ -13,7 +13,7 @@ from flax import nnx
 from memllm_jax.config import LoraConfig, ModelConfig
 from memllm_jax.model.dropout import HashDropout, hash_uniform_bits
 from memllm_jax.model.matmul import fast_operand_dtype, matmul, mixed_matmul
-from memllm_jax.model.mistral import Mistral
+from memllm_jax.model.decoder import Decoder
 
 CFG = ModelConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
                   sliding_window=None, max_seq_len=32, tie_embeddings=True)
@@ -85,7 +85,7 @@ def test_compiled_lora_gradient_multiplies_every_linear_adapter_and_the_tied_hea
     converted and multiplied in float32 after compilation, and the adapters' factors were float32 operands.
     Only attention's batched dots stay float32."""
     cfg = dataclasses.replace(CFG, matmul_dtype="bfloat16")
-    model = Mistral(cfg, LoraConfig(rank=4, alpha=8.0, dropout=0.0), rngs=nnx.Rngs(0))
+    model = Decoder(cfg, LoraConfig(rank=4, alpha=8.0, dropout=0.0), rngs=nnx.Rngs(0))
     graphdef, adapter, frozen = nnx.split(model, nnx.LoRAParam, ...)
     tokens = jnp.zeros((2, 12), jnp.int32)
     positions = jnp.broadcast_to(jnp.arange(12), (2, 12))
@@ -101,7 +101,7 @@ def test_compiled_lora_gradient_multiplies_every_linear_adapter_and_the_tied_hea
 
 
 def _logits_and_grad(cfg, lora):
-    model = Mistral(cfg, lora, rngs=nnx.Rngs(0))
+    model = Decoder(cfg, lora, rngs=nnx.Rngs(0))
     tokens = jnp.asarray(np.random.default_rng(3).integers(0, 128, (2, 12)), jnp.int32)
     pos = jnp.broadcast_to(jnp.arange(12), (2, 12))
 

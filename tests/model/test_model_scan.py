@@ -12,7 +12,7 @@ from flax import nnx
 
 from memllm_jax.config import LoraConfig, ModelConfig
 from memllm_jax.model.lora import merge_lora
-from memllm_jax.model.mistral import Mistral, init_cache, stack_blocks, stack_cache, unstack_cache
+from memllm_jax.model.decoder import Decoder, init_cache, stack_blocks, stack_cache, unstack_cache
 from memllm_jax.train.loss import masked_cross_entropy
 
 CFG = ModelConfig(vocab_size=128, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
@@ -22,11 +22,11 @@ LORA = LoraConfig(rank=4, dropout=0.3, trainable_tokens=(3, 7))
 
 def _pair(cfg=CFG, lora=LORA):
     """The same model unrolled and scanned, with random adapters (the scanned one stacked from the unrolled)."""
-    unrolled = Mistral(cfg, lora, rngs=nnx.Rngs(0))
+    unrolled = Decoder(cfg, lora, rngs=nnx.Rngs(0))
     rng = np.random.default_rng(1)
     for _, var in nnx.to_flat_state(nnx.state(unrolled, nnx.LoRAParam)):
         var[...] = jnp.asarray(0.2 * rng.standard_normal(var[...].shape), jnp.float32)
-    scanned = Mistral(dataclasses.replace(cfg, scan_layers=True), lora, rngs=nnx.Rngs(0))
+    scanned = Decoder(dataclasses.replace(cfg, scan_layers=True), lora, rngs=nnx.Rngs(0))
     nnx.update(scanned, nnx.state(unrolled, nnx.LoRAParam).filter(lambda path, _: path[0] != "layers"))
     nnx.update(scanned.layers, nnx.state(stack_blocks(list(unrolled.layers))))
     return unrolled, scanned
@@ -42,8 +42,8 @@ def _batch(B=3, L=12):
 
 @pytest.mark.slow
 def test_same_seed_same_weights():
-    unrolled = Mistral(CFG, LORA, rngs=nnx.Rngs(4))
-    scanned = Mistral(dataclasses.replace(CFG, scan_layers=True), LORA, rngs=nnx.Rngs(4))
+    unrolled = Decoder(CFG, LORA, rngs=nnx.Rngs(4))
+    scanned = Decoder(dataclasses.replace(CFG, scan_layers=True), LORA, rngs=nnx.Rngs(4))
     q = scanned.layers.attn.q.kernel[...]
     assert q.shape == (CFG.n_layers, 32, 4, 8)
     assert scanned.layers.attn.q.kernel.get_metadata()["logical_axes"][0] == "layers"
@@ -118,7 +118,7 @@ def test_read_loop_generates_the_same_tokens():
 
     unrolled, scanned = Biased(), Biased()
     scanned.cfg = dataclasses.replace(unrolled.cfg, scan_layers=True)
-    scanned.inner = Mistral(scanned.cfg, rngs=nnx.Rngs(0))
+    scanned.inner = Decoder(scanned.cfg, rngs=nnx.Rngs(0))
     out = []
     for model in (unrolled, scanned):
         ctrl = ReadController(model, TOK, FakeMemory({("x", "r", None): ["P"]}), max_len=128, chunk=4)
@@ -152,7 +152,7 @@ def test_merge_lora_and_peft_export_equal_unrolled(tmp_path):
 @pytest.mark.slow
 def test_unknown_remat_policy_is_named():
     cfg = dataclasses.replace(CFG, scan_layers=True, remat=True, remat_policy="save_all")
-    model = Mistral(cfg, rngs=nnx.Rngs(0))
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
     tokens, positions, _ = _batch()
     with pytest.raises(ValueError, match="ModelConfig.remat_policy='save_all'"):
         model(tokens, positions)

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from memllm_jax.config import LoraConfig, MeshConfig, ModelConfig
-from memllm_jax.model.mistral import Mistral, init_cache
+from memllm_jax.model.decoder import Decoder, init_cache
 from memllm_jax.sharding import batch_sharding, make_mesh, state_shardings
 from memllm_jax.train.loss import masked_cross_entropy
 
@@ -23,11 +23,11 @@ LORA = LoraConfig(rank=4, dropout=0.0)
 
 
 def _models(cfg: ModelConfig, attention: str):
-    ref = Mistral(cfg, LORA, rngs=nnx.Rngs(0))
+    ref = Decoder(cfg, LORA, rngs=nnx.Rngs(0))
     rng = np.random.default_rng(1)
     for _, var in nnx.to_flat_state(nnx.state(ref, nnx.LoRAParam)):
         var[...] = jnp.asarray(0.2 * rng.standard_normal(var[...].shape), jnp.float32)
-    other = Mistral(dataclasses.replace(cfg, attention=attention), LORA, rngs=nnx.Rngs(0))
+    other = Decoder(dataclasses.replace(cfg, attention=attention), LORA, rngs=nnx.Rngs(0))
     nnx.update(other, nnx.state(ref))
     return ref, other
 

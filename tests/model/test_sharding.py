@@ -10,7 +10,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from memllm_jax.config import MISTRAL_7B, LoraConfig, MeshConfig, ModelConfig
-from memllm_jax.model.mistral import Mistral
+from memllm_jax.model.decoder import Decoder
 from memllm_jax.model.placement import abstract_model, create_sharded_model, param_bytes
 from memllm_jax.sharding import batch_sharding, make_mesh, state_shardings
 
@@ -30,7 +30,7 @@ def test_make_mesh_sizes_and_errors():
 
 @pytest.fixture(scope="module", params=[False, True], ids=["unrolled", "scan"])
 def reference(request):
-    model = Mistral(dataclasses.replace(CFG, scan_layers=request.param), LORA, rngs=nnx.Rngs(0))
+    model = Decoder(dataclasses.replace(CFG, scan_layers=request.param), LORA, rngs=nnx.Rngs(0))
     rng = np.random.default_rng(0)
     for _, state in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)):
         state[...] = jnp.asarray(0.1 * rng.standard_normal(state[...].shape), jnp.float32)
@@ -123,7 +123,7 @@ def test_model_size_command(capsys):
 
 @pytest.mark.slow
 def test_sharded_cache_decoding_matches(reference):
-    from memllm_jax.model.mistral import init_cache
+    from memllm_jax.model.decoder import init_cache
     from memllm_jax.model.placement import cache_shardings
 
     graphdef, state, (tokens, positions, mask), expected = reference

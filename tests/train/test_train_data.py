@@ -143,13 +143,13 @@ def test_packed_forward_equals_separate_forwards(tok, tmp_path):
     from flax import nnx
 
     from memllm_jax.config import TINY
-    from memllm_jax.model.mistral import Mistral
+    from memllm_jax.model.decoder import Decoder
 
     corpus = D.load_corpus([write_jsonl(tmp_path / "w.jsonl", write_records(12))], tok, seq_len=128)
     planner = D.Planner(corpus, seq_len=128, global_batch=2, packing="pack_examples", seed=0, drop_last=False)
     plan = planner.plan(0)
     b = D.materialize(plan, corpus, pad_id=tok.pad_id, micro_batches=1)
-    model = Mistral(dataclasses.replace(TINY, vocab_size=max(TINY.vocab_size, tok.vocab_size)), rngs=nnx.Rngs(0))
+    model = Decoder(dataclasses.replace(TINY, vocab_size=max(TINY.vocab_size, tok.vocab_size)), rngs=nnx.Rngs(0))
     packed, _ = model(jnp.asarray(b["inputs"][0]), jnp.asarray(b["positions"][0]), jnp.asarray(b["attn_mask"][0]),
                       segment_ids_BxL=jnp.asarray(b["segment_ids"][0]))
     checked = 0
@@ -212,12 +212,12 @@ def test_prefix_packed_forward_equals_separate_forwards(tok, tmp_path, query_blo
     from flax import nnx
 
     from memllm_jax.config import TINY
-    from memllm_jax.model.mistral import Mistral
+    from memllm_jax.model.decoder import Decoder
 
     corpus = D.load_corpus([write_jsonl(tmp_path / "w.jsonl", document_write_records(3))], tok, seq_len=256)
     planner = D.Planner(corpus, seq_len=256, global_batch=2, packing="pack_prefixes", seed=0, drop_last=False)
     cfg = dataclasses.replace(TINY, vocab_size=max(TINY.vocab_size, tok.vocab_size), attention_block=query_block)
-    model = Mistral(cfg, rngs=nnx.Rngs(0))
+    model = Decoder(cfg, rngs=nnx.Rngs(0))
     checked = 0
     for k in range(planner.batches_per_epoch):
         plan = planner.plan(k)

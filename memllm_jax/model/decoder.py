@@ -1,5 +1,6 @@
-"""A Mistral decoder in flax.nnx: embedding, pre-norm blocks (RMSNorm, grouped-query attention with RoPE
-and a sliding-window causal mask, SwiGLU MLP), final norm, LM head; an explicit KV cache pytree.
+"""The Llama / Mistral-family decoder in flax.nnx (`Decoder`: Mistral-7B, SmolLM2 and any model of that
+architecture): embedding, pre-norm blocks (RMSNorm, grouped-query attention with RoPE and an optional
+sliding-window causal mask, SwiGLU MLP), final norm, LM head (tied or not); an explicit KV cache pytree.
 
 Letters: B batch, L new tokens, S key slots (cache length or L), D d_model, N query heads, K kv heads,
 G = N / K query heads per kv head, M = G * L, H head dim, F MLP width, V vocab, R LoRA rank.
@@ -401,7 +402,7 @@ def _scan_blocks(stack: Block, cfg: ModelConfig, x_BxLxD, cos, sin, mask_BxLxS, 
     return x_BxLxD, cache_kv
 
 
-class Mistral(nnx.Module):
+class Decoder(nnx.Module):
     """The decoder. See docs/interfaces.md (Model) for the calling convention."""
 
     def __init__(self, cfg: ModelConfig, lora: LoraConfig | None = None, *, rngs: nnx.Rngs):
