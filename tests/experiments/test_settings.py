@@ -143,3 +143,10 @@ def test_rules_across_settings():
 def test_field_types_cover_every_field():
     for cls in (PipelineConfig, TrainConfig):
         assert set(field_types(cls)) == {f.name for f in dataclasses.fields(cls)}
+
+
+def test_the_rows_a_config_may_name_are_the_rows_defined():
+    from experiments.pipeline_config import ROW_KEYS
+    from memllm_jax.eval.rows import ROWS
+
+    assert ROW_KEYS == tuple(ROWS)
