@@ -29,20 +29,23 @@ def _float(text: str) -> float:
     return value
 
 
+def _require(value, ok: bool, text: str, what: str):
+    """`value` when `ok`, else the one-line error `TEXT: must be WHAT`."""
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{text}: must be {what}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """A count: 1, 2, ..."""
     value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text}: must be a positive integer")
-    return value
+    return _require(value, value >= 1, text, "a positive integer")
 
 
 def nonnegative_int(text: str) -> int:
     """A count that may be 0 (usually: off)."""
     value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be a non-negative integer")
-    return value
+    return _require(value, value >= 0, text, "a non-negative integer")
 
 
 def finite_float(text: str) -> float:
@@ -51,30 +54,22 @@ def finite_float(text: str) -> float:
 
 def nonnegative_float(text: str) -> float:
     value = _float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text}: must be a non-negative number")
-    return value
+    return _require(value, value >= 0, text, "a non-negative number")
 
 
 def probability(text: str) -> float:
     """A probability or rate in [0, 1]."""
     value = _float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text}: must be in [0, 1]")
-    return value
+    return _require(value, 0.0 <= value <= 1.0, text, "in [0, 1]")
 
 
 def top_p(text: str) -> float:
     """Nucleus sampling's mass in (0, 1] (1: off)."""
     value = _float(text)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text}: must be in (0, 1]")
-    return value
+    return _require(value, 0.0 < value <= 1.0, text, "in (0, 1]")
 
 
 def cosine(text: str) -> float:
     """A cosine-similarity threshold in [-1, 1]."""
     value = _float(text)
-    if not -1.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text}: must be a cosine similarity in [-1, 1]")
-    return value
+    return _require(value, -1.0 <= value <= 1.0, text, "a cosine similarity in [-1, 1]")
