@@ -70,8 +70,10 @@ class Row:
     when it closes or opens a call, the rest at the loop exit)."""
 
 
-def merge_results(results: Sequence[Any], q_thr: int) -> tuple[tuple[str, ...], bool]:
-    """(entities in first-seen order, too large) for the results of one call's queries."""
+def merge_results(results: Sequence[Any], q_thr: int | None = None) -> tuple[tuple[str, ...], bool]:
+    """(entities in first-seen order, too large) for the results of one call's queries: too large when a query
+    matched too many (its result holds no entities) or the call's entities number more than `q_thr`. Generation
+    (`CallBook`) then removes the call; Table 2's reads (`eval.perplexity`) keep what the other queries found."""
     entities: list[str] = []
     too_large = False
     for r in results:
@@ -79,7 +81,7 @@ def merge_results(results: Sequence[Any], q_thr: int) -> tuple[tuple[str, ...], 
         for e in r.entities:
             if e not in entities:
                 entities.append(e)
-    return tuple(entities), too_large or len(entities) > q_thr
+    return tuple(entities), too_large or (q_thr is not None and len(entities) > q_thr)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +48,13 @@ class LoopSpec:
     """In-loop reads: how the loop calls the host, "buffer" (`jax.experimental.buffer_callback`, CPU and GPU),
     "io" (`jax.experimental.io_callback`, every backend) or "auto" (buffer where supported)."""
 
+
+
+def run_steps(step: Callable[[Any], Any], more: Callable[[jax.Array, Any], jax.Array], s: Any) -> tuple[Any, jax.Array]:
+    """The library's one jitted decoding loop: `s = step(s)` while `more(steps_run, s)`; returns the final state
+    and the steps run. The read chunk (`read_chunk`: `_read_step`, with greedy generation its special case) and the
+    memory-write loop (`step.run_writes`) bring their own step and exit test; nothing leaves the device inside."""
+    return jax.lax.while_loop(lambda c: more(c[1], c[0]), lambda c: (step(c[0]), c[1] + 1), (s, jnp.int32(0)))
 
 
 def _read_step(model, spec: LoopSpec, s: st.DecodeState) -> st.DecodeState:
@@ -253,22 +260,20 @@ def _read_chunk(graphdef, params, s: st.DecodeState, spec: LoopSpec, attend: int
     if attend is not None:
         s = s.replace(cache=full.first_slots(attend))
 
-    def cond(carry):
-        i, s = carry
+    def more(i, s):
         paused = jnp.sum((s.status_B == st.READ_PAUSE) | (s.status_B == st.OPEN_PAUSE) | (s.status_B == st.HOST_FEED))
         busy = s.status_B == st.RUNNING
         if spec.answer_width:
             busy |= s.forced_pos_B < s.forced_len_B
         return (i < spec.chunk) & jnp.any(busy) & (paused < spec.exit_paused)
 
-    def body(carry):
-        i, s = carry
+    def step(s):
         s = _read_step(model, spec, s)
         if spec.answer_width:
             s = _serve_reads(spec, server_id, s)
-        return i + 1, s
+        return s
 
-    s = jax.lax.while_loop(cond, body, (jnp.int32(0), s.replace(cache=layered(s.cache, model))))[1]
+    s, _ = run_steps(step, more, s.replace(cache=layered(s.cache, model)))
     cache = stacked(s.cache)
     if attend is not None:
         cache = full.with_first_slots(cache)

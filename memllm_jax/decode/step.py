@@ -1,5 +1,5 @@
-"""The memory-write step and the one loop that runs it: `writer.decode_writes` runs it until every row has stopped,
-`refill` until enough rows have stopped to refill them.
+"""The memory-write step and its exit test, run by the decoding loop (`loop.run_steps`): `writer.decode_writes`
+runs it until every row has stopped, `refill` until enough rows have stopped to refill them.
 """
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from memllm_jax.decode import item_bans, state as st
+from memllm_jax.decode.loop import run_steps
 from memllm_jax.decode.sampling import argmax
 
 
@@ -77,8 +78,8 @@ def write_step(model, spec, s: st.WriteState) -> st.WriteState:
 def run_writes(model, spec, s: st.WriteState, exit_at_rows) -> tuple[st.WriteState, jax.Array]:
     """`write_step` until no row runs or at least `exit_at_rows` rows are not running (more rows than the batch:
     until none runs); the cache in the loop's form (`graph.layered`). Also returns the steps run."""
-    def more(carry):
-        running_B = carry[0].status_B == st.RUNNING
+    def more(_, s):
+        running_B = s.status_B == st.RUNNING
         return jnp.any(running_B) & (jnp.sum(~running_B) < exit_at_rows)
 
-    return jax.lax.while_loop(more, lambda c: (write_step(model, spec, c[0]), c[1] + 1), (s, jnp.int32(0)))
+    return run_steps(lambda s: write_step(model, spec, s), more, s)

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from memllm_jax import protocol
+from memllm_jax.decode.calls import merge_results, query_untrusted
 from memllm_jax.runtime.compiled_code import release_if_many_mappings
 from memllm_jax.eval.mixture import SpanNLL, corpus_perplexities, mix_logprobs, span_nll
 from memllm_jax.eval.records import EncodedDoc
@@ -125,15 +126,6 @@ class PerplexityResult:
         return {"ppl": self.ppl, "nll": self.nll.nll, "count": self.nll.count, "stats": self.stats}
 
 
-def _merge_results(results: Sequence[Any]) -> list[str]:
-    seen: dict[str, None] = {}
-    for r in results:
-        if not r.too_large:
-            for e in r.entities:
-                seen.setdefault(e, None)
-    return list(seen)
-
-
 def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory: Any, setting: ReadSetting,
                         *, batch_size: int = 8, progress: Callable[[str], None] | None = None,
                         trace_docs: int = 0) -> PerplexityResult:
@@ -192,12 +184,12 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
                 r.call_ids = list(tok.encode(protocol.format_read_call(r.queries))) if r.queries else []
         # Results: one batched memory query for the round.
         flat = [(r, q) for r in reads for q in r.queries] if setting.results != "gold_only" else []
-        answers = memory.query([q for _, q in flat]) if (flat and memory is not None) else []
+        answers = query_untrusted(memory, [q for _, q in flat]) if (flat and memory is not None) else []
         per_read: dict[int, list] = {}
         for (r, _), a in zip(flat, answers):
             per_read.setdefault(id(r), []).append(a)
         for r in reads:
-            entities = _merge_results(per_read.get(id(r), []))
+            entities = list(merge_results(per_read.get(id(r), []))[0])  # whatever is not too large
             targets = list(r.gold.targets) if r.gold is not None else []
             if setting.results == "gold_only" and targets:
                 entities = targets
