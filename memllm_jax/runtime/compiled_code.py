@@ -3,7 +3,7 @@
 XLA:CPU maps the code and data of each compiled kernel into the process separately: ~140 mappings for a jitted
 function of 40 small ops (measured here), far more for a 30-layer forward. A jitted function's executables live
 as long as the function: those of the module-level decoding loops (`decode.loop`, `decode.writer`,
-`eval.scoring._greedy`) for the life of the process. Linux caps a process's mappings at `vm.max_map_count`
+`decode.refill`) for the life of the process. Linux caps a process's mappings at `vm.max_map_count`
 (65,530 by default); past the cap every `mmap` fails, and the next compilation aborts the whole process ("LLVM
 ERROR: Unable to allocate section memory!").
 
