@@ -254,9 +254,12 @@ def _write_docs(self, mw, memory, docs, min_confidence: float | None, on_batch=N
 
 def _count_writes(self, mw, docs, stats) -> None:
     """The work of writing `docs` (`roofline_table.Work.writes`): their write prompts, encoded again as
-    `write_corpus` encodes them (its default pretext and prompt bound), and the tokens it generated."""
+    `write_corpus` encodes them (its default pretext and prompt bound), and the tokens it generated. Nothing is
+    counted outside a `Pipeline` (no `work`) or for a model without a `ModelConfig` (a test's scripted model)."""
     from memllm_jax.decode.corpus_writer import as_write_document, iter_write_prompts
 
+    if getattr(self, "work", None) is None or not hasattr(mw, "cfg"):
+        return
     tok = self.tokenizer()
     prompts = [ids for k, doc in enumerate(docs) for _, ids in iter_write_prompts(as_write_document(doc, k), tok)]
     self.work.writes(mw.cfg, prompts, stats.tokens, self.cfg.write.batch)
