@@ -158,10 +158,11 @@ def measure_ceilings(dtype: str) -> dict:
             "measure_seconds": round(time.perf_counter() - t0, 1)}
 
 
-def host_ceilings(dtype: str, measure: Callable[[str], dict] = measure_ceilings,
+def host_ceilings(dtype: str, measure: Callable[[str], dict] | None = None,
                   path: pathlib.Path | None = None) -> dict:
-    """This host's ceilings in `dtype`, from the cache file or measured once and added to it (a cache file that
-    does not parse is measured over)."""
+    """This host's ceilings in `dtype`, from the cache file or measured (`measure`, default `measure_ceilings`)
+    once and added to it (a cache file that does not parse is measured over)."""
+    measure = measure_ceilings if measure is None else measure
     path = cache_path() if path is None else path
     key = host_key(dtype)
     try:

@@ -140,3 +140,29 @@ def test_a_pipeline_run_writes_a_row_per_stage(tmp_path):
     assert all(r["recorded"] and r["flops"] == 0 for r in table["rows"])
     assert any(line.startswith("[corpus] roofline: no model work counted") for line in said)
     assert "compile_seconds" in json.loads((tmp_path / "stages" / "corpus.json").read_text())["work"]
+
+
+@pytest.mark.slow
+def test_a_tiny_run_writes_a_roofline_row_per_stage(tmp_path, monkeypatch):
+    """The whole tiny pipeline (few steps): a row per stage, work where the stage counts it, the report's table."""
+    from experiments.configs import default_tiny
+    from experiments.pipeline import Pipeline
+    from experiments.pipeline_config import STAGES
+    from memllm_jax.settings import replace
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(R, "measure_ceilings", lambda dtype: dict(CEILINGS))
+    cfg = replace(default_tiny.get_config(), {
+        "data.synth_docs": 80, "data.eval_docs": 5, "base.pretrain.steps": 6, "mw.steps": 6, "mr.steps": 6,
+        "editing.n_edits": 2, "scaling.sizes": (0,), "table2.rows": ("baseline1", "row3")})
+    said = []
+    Pipeline(cfg, tmp_path / "run", said.append).run()
+    table = json.loads((tmp_path / "run" / "results" / "roofline.json").read_text())
+    rows = {r["stage"]: r for r in table["rows"]}
+    assert list(rows) == list(STAGES) and table["ceilings"] == CEILINGS
+    assert rows["mw"]["trained_tokens"] == 6 * cfg.mw.global_batch * cfg.mw.seq_len and rows["mw"]["of_ceiling"] > 0
+    assert rows["memory"]["decoded_tokens"] > 0 and rows["memory"]["of_bandwidth_bound"] > 0
+    assert rows["table2"]["prefilled_tokens"] > 0 and rows["editing"]["not_measured"]
+    assert all(r["compile_seconds"] >= 0 for r in rows.values())
+    assert sum(line.startswith("[memory] roofline: ") for line in said) == 1
+    assert "**Roofline**" in (tmp_path / "run" / "results" / "report.md").read_text()
