@@ -21,7 +21,7 @@ import pathlib
 import time
 from typing import Any, Callable
 
-from experiments import stages
+from experiments import roofline_table, stages
 from experiments.pipeline_config import (STAGES, PipelineConfig, changed_settings, resolve_host_settings,
                                         stage_key, stage_settings)
 from memllm_jax import runtime
@@ -75,6 +75,8 @@ class Pipeline:
     def __init__(self, cfg: PipelineConfig, out: str | pathlib.Path, say: Callable[[str], None] = print):
         self.cfg, self.out, self.say = resolve_host_settings(cfg, say), pathlib.Path(out), say
         self._cache: dict[str, Any] = {}
+        self.work = roofline_table.Work()  # what the running stage computed (`roofline_table`)
+        self._ceilings: dict | None = None
 
     # ------------------------------------------------------------------------------------------ driver
 
@@ -101,13 +103,32 @@ class Pipeline:
                 self.say(f"[{name}] stamped by an older version of the pipeline: running again")
         t0 = time.perf_counter()
         self.say(f"[{name}] running")
-        info = getattr(self, f"stage_{name}")() or {}
+        self.work = roofline_table.Work()
+        with roofline_table.CompileClock() as compiling:
+            info = getattr(self, f"stage_{name}")() or {}
         seconds = time.perf_counter() - t0
         runtime.after_stage(self.say)  # e.g. freed memory is kept for reuse within a stage, not across stages
+        work = self.work.to_json(compiling.seconds)
         atomic_write_json(self.out / "stages" / f"{name}.json",
-                          {"key": stage_key(self.cfg, name), "seconds": seconds, **info,
+                          {"key": stage_key(self.cfg, name), "seconds": seconds, **info, "work": work,
                            "settings": stage_settings(self.cfg, name)}, indent=1, default=str)
         self.say(f"[{name}] done in {seconds:.1f}s")
+        self._roofline(name, seconds, work)
+
+    def _roofline(self, name: str, seconds: float, work: dict) -> None:
+        """Print the stage's roofline line and rewrite `results/roofline.json` from every stamp; the host's
+        ceilings are read (or measured once per host) when a stage first has work to hold against them."""
+        dtype = self.cfg.matmul_dtype or "float32"
+
+        def ceilings():
+            if self._ceilings is None:
+                self._ceilings = roofline_table.host_ceilings(dtype)
+            return self._ceilings
+
+        row = roofline_table.stage_row(name, seconds, work, ceilings() if roofline_table.needs_ceilings(work) else None)
+        self.say(roofline_table.row_line(row))
+        atomic_write_json(self.out / "results" / "roofline.json", roofline_table.run_table(self.out, dtype, ceilings),
+                          indent=1)
 
     def run(self, stages=tuple(STAGES)) -> None:
         atomic_write_json(self.out / "config.json", dataclasses.asdict(self.cfg), indent=1, default=str)

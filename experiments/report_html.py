@@ -1,8 +1,8 @@
 """`results/index.html`: one self-contained page of a pipeline run, built from its files alone (no model).
 
 Sections: held-out and copy diagnostics, Table 2 with its chart (log scale when the perplexities span more
-than a factor of 20) and the read diagnostics, Table 3, scaling, the training curves of `train/*/metrics.jsonl`,
-and the read traces the table2 stage saved in `results/traces/<row>.json` (first documents of each row). The
+than a factor of 20) and the read diagnostics, Table 3, scaling, the roofline table (`roofline_table`), the
+training curves of `train/*/metrics.jsonl`, and the read traces the table2 stage saved in `results/traces/<row>.json` (first documents of each row). The
 tables are the report's markdown tables (experiments/tables.py) rendered as HTML, so both always agree.
 """
 
@@ -13,6 +13,7 @@ import pathlib
 import re
 from typing import Any
 
+from experiments.roofline_table import table_markdown
 from memllm_jax.eval import html as H
 
 TRACE_ROWS_OPEN = ("row3",)
@@ -136,6 +137,8 @@ def build(run: str | pathlib.Path) -> pathlib.Path:
     if (res / "scaling.md").exists():
         body += ["<h2>Scaling</h2>", markdown_to_html((res / "scaling.md").read_text()),
                  scaling_chart(_load(res / "scaling.json"))]
+    if any(run.glob("stages/*.json")):
+        body += ["<h2 id=\"roofline\">Roofline</h2>", markdown_to_html(table_markdown(_load(res / "roofline.json")))]
     curves = training_curves(run)
     if curves:
         body += ["<h2>Training curves</h2>", curves]

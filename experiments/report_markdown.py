@@ -3,8 +3,9 @@ directories (never edited by hand; `make results` writes RESULTS.md from `output
 
 One section per config (`config.json`'s name); of several run directories of one config the latest wins (the
 one whose last stage finished last). A section gives where and how the run ran (the host, the matmul dtype, the
-load, from the run's `host.json`), the run's tables (`tables.results_tables`, as in its `results/report.md`) and
-how long each stage took (its `stages/<name>.json` stamp). A stage's finishing time is its stamp's modification
+load, from the run's `host.json`), the run's tables (`tables.results_tables`, as in its `results/report.md`, the
+roofline table included: "not recorded" for a run older than it) and how long each stage took (its
+`stages/<name>.json` stamp). A stage's finishing time is its stamp's modification
 time, so copy a run directory with its times kept (`cp -a`).
 """
 
@@ -15,6 +16,7 @@ import dataclasses
 import datetime
 import pathlib
 
+from experiments.roofline_table import table_markdown
 from experiments.tables import results_tables
 from memllm_jax.bench.host import RECORDED_FLAGS
 from memllm_jax.errors import InputError, load_json
@@ -130,6 +132,8 @@ def run_section(run: RunDir, older: list[RunDir] = ()) -> str:
     blocks = results_tables(run.path / "results") if (run.path / "results").is_dir() else []
     if run.stamps:
         blocks.append(stage_times_markdown(run.stamps))
+        if not (run.path / "results" / "roofline.json").is_file():  # a run older than the table
+            blocks.append(table_markdown(None))
     if not blocks:
         blocks = ["No results yet."]
     for block in blocks:

@@ -141,7 +141,19 @@ def _train(self, section: str, recipe, data_file: str, init: str | None):
                               init_checkpoint=init)
     self.say(f"  training {section}: {cfg.name} -> {cfg.workdir}")
     result = train(cfg)
+    if isinstance(result, dict):
+        _count_training(self, cfg, result)
     return result if isinstance(result, dict) else {"result": str(result)}
+
+
+def _count_training(self, cfg, result: dict) -> None:
+    """The training's work (`roofline_table.Work.training`; `result`: `train`'s), of the model it exported (a
+    pretrained base's shapes)."""
+    from memllm_jax.checkpoint import read_stored
+
+    model = read_stored(result["model_dir"]).model if result.get("model_dir") else cfg.model
+    self.work.training(model, cfg.lora, steps=result.get("step", 0), batch=cfg.global_batch, seq_len=cfg.seq_len)
+    self.work.missing("held-out evaluation during training (train/loop.py)")
 
 
 def _training_workdir(self, section: str) -> pathlib.Path:
@@ -235,7 +247,22 @@ def _write_docs(self, mw, memory, docs, min_confidence: float | None, on_batch=N
     """Write `docs` into `memory`, keeping the triples written with at least `min_confidence`."""
     from memllm_jax.decode.corpus_writer import write_corpus
 
-    return write_corpus(mw, self.tokenizer(), memory, docs, on_batch=on_batch, **_write_budget(self, min_confidence))
+    stats = write_corpus(mw, self.tokenizer(), memory, docs, on_batch=on_batch, **_write_budget(self, min_confidence))
+    _count_writes(self, mw, docs, stats)
+    return stats
+
+
+def _count_writes(self, mw, docs, stats) -> None:
+    """The work of writing `docs` (`roofline_table.Work.writes`): their write prompts, encoded again as
+    `write_corpus` encodes them (its default pretext and prompt bound), and the tokens it generated. Nothing is
+    counted outside a `Pipeline` (no `work`) or for a model without a `ModelConfig` (a test's scripted model)."""
+    from memllm_jax.decode.corpus_writer import as_write_document, iter_write_prompts
+
+    if getattr(self, "work", None) is None or not hasattr(mw, "cfg"):
+        return
+    tok = self.tokenizer()
+    prompts = [ids for k, doc in enumerate(docs) for _, ids in iter_write_prompts(as_write_document(doc, k), tok)]
+    self.work.writes(mw.cfg, prompts, stats.tokens, self.cfg.write.batch)
 
 
 def _write_eval(self, mw, eval_docs, min_confidence: float | None, on_batch=None, log: pathlib.Path | None = None):
@@ -291,6 +318,7 @@ def _choose_min_confidence(self, mw, outside, on_batch) -> tuple[float, dict, li
         scratch = TripleMemory(self.encoder())
         st = write_corpus(mw, self.tokenizer(), scratch, docs, on_batch=on_batch,
                           **_write_budget(self, -float("inf")))
+        _count_writes(self, mw, docs, st)
         scored.append(st.scored)
     gold = [t for d in outside for t in gold_triples(d)]
     threshold, rows = choose_min_confidence([(t, c) for part in scored for _, t, c in part], gold,
@@ -405,6 +433,8 @@ def stage_diagnostics(self):
         records = [rec for _, rec in read_jsonl(str(self.out / "data" / "eval" / f"{kind}.jsonl"))]
         info[which] = field_losses(self.model(which), tok, records, batch_size=self.cfg.diagnostics.batch,
                                    max_records=self.cfg.diagnostics.examples)
+        self.work.forwards(self.model(which).cfg, [1 + sum(len(tok.encode(seg["text"])) for seg in rec["segments"])
+                                                   for rec in records[:self.cfg.diagnostics.examples]])
         f = info[which]
         self.say(f"  {which} on held-out {kind} calls: loss name {f['name']['loss']:.3f} / relation "
                  f"{f['relation']['loss']:.3f} / markup {f['markup']['loss']:.3f} nats; names copied exactly "
@@ -431,6 +461,8 @@ def stage_diagnostics(self):
 
 TRACE_DOCS = 3
 """Evaluation documents whose read trace (eval/trace.py) each Table 2 row saves for the HTML report."""
+READ_WORK = "reads: query decoding and rescoring after a read (eval/perplexity.py)"
+"""What the roofline table leaves out of a perplexity evaluation: only one forward over each document is counted."""
 
 
 def stage_table2(self):
@@ -457,6 +489,9 @@ def stage_table2(self):
             setting = dataclasses.replace(setting, read_threshold=cfg.read_threshold)
         res = evaluate_perplexity(model, tok, docs, memory, setting, batch_size=cfg.batch, progress=self.say,
                                   trace_docs=TRACE_DOCS)
+        self.work.forwards(model.cfg, [len(d.ids) for d in docs])
+        if row.model != "base" or memory is not None:
+            self.work.missing(READ_WORK)
         results[row.key] = {"name": row.name, "description": row.description, **res.to_json()}
         _save_json(self.out / "results" / "traces" / f"{row.key}.json", res.traces)  # for index.html
         p = res.ppl
@@ -519,6 +554,7 @@ def stage_editing(self):
     res = evaluate_editing(self.model("mw"), self.model("mr"), self.tokenizer(), self.encoder(), records, shots=shots,
                            memory_config=MEMORY_PRESETS[cfg.memory], max_new_tokens=cfg.max_new_tokens,
                            regimes=cfg.regimes, style=style, **_edit_checks(self), progress=self.say)
+    self.work.missing("every write, read and answer of the edits (eval/editing.py)")
     out = {k: v.to_json() for k, v in res.items()}
     # a ZsRE file's results sit next to the synthetic analogue's: `table3_<file stem>.*`
     stem = "table3" if cfg.records == "synthetic" else "table3_" + pathlib.Path(cfg.records).stem
@@ -550,6 +586,9 @@ def stage_scaling(self):
         pts = perplexity_vs_memory_size(self.model("mr"), self.tokenizer(), docs, self.encoder(), base, distractors,
                                         cfg.sizes, ROWS[cfg.row].read, batch_size=cfg.batch, progress=self.say)
         points = [p.__dict__ for p in pts]
+        for _ in pts:
+            self.work.forwards(self.model("mr").cfg, [len(d.ids) for d in docs])
+        self.work.missing(READ_WORK)
     growth = memory_growth(self.encoder(), base + distractors, cfg.growth_checkpoints)
     _save_json(self.out / "results" / "scaling.json", {"points": points, "growth": growth})
     md = scaling_markdown(points, growth)

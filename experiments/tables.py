@@ -7,6 +7,7 @@ import math
 import pathlib
 from typing import Mapping, Sequence
 
+from experiments.roofline_table import table_markdown
 from memllm_jax.errors import load_json
 from memllm_jax.eval.editing import ERROR_KINDS
 from memllm_jax.eval.rows import PAPER_TABLE2, PAPER_TABLE3, ROWS
@@ -179,8 +180,8 @@ def scaling_markdown(points: Sequence[Mapping], growth: Sequence[Mapping]) -> st
 def results_tables(res: str | pathlib.Path) -> list[str]:
     """The markdown tables of a run's results directory in the report's order: diagnostics (held-out check,
     memory-write precision / recall, copy probe), Table 2 and its read diagnostics, each Table 3, scaling. Table
-    2, 3 and scaling are the files their stages wrote; absent results are left out. One block per table group
-    (`results/report.md` and RESULTS.md)."""
+    2, 3 and scaling are the files their stages wrote; then the roofline table (`roofline_table`). Absent results
+    are left out. One block per table group (`results/report.md` and RESULTS.md)."""
     res = pathlib.Path(res)
 
     def load(name):
@@ -195,6 +196,8 @@ def results_tables(res: str | pathlib.Path) -> list[str]:
             blocks.append((res / name).read_text())
         if name == "table2.md" and load("table2.json"):
             blocks.append(read_diagnostics_markdown(load("table2.json")))
+    if load("roofline.json"):
+        blocks.append(table_markdown(load("roofline.json")))
     return blocks
 
 
