@@ -116,6 +116,16 @@ class Work:
         self.weight_bytes_per_step = weight_bytes(cfg)
         self.decode_batch = max(self.decode_batch, batch)
 
+    def model_work(self, cfg, w, batch: int) -> None:
+        """What a scorer and a greedy generator counted (`eval.scoring.ModelWork`), generated in rows of `batch`."""
+        self.prefilled_tokens += w.positions - w.decoded
+        self.decoded_tokens += w.decoded
+        self.flops += (w.positions * roofline.body_flops(cfg) + w.logits * roofline.head_flops(cfg)
+                       + roofline.attention_flops(cfg, w.attention_pairs))
+        if w.decoded:
+            self.weight_bytes_per_step = weight_bytes(cfg)
+            self.decode_batch = max(self.decode_batch, batch)
+
     def missing(self, what: str) -> None:
         if what not in self.not_measured:
             self.not_measured.append(what)

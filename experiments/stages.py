@@ -461,8 +461,6 @@ def stage_diagnostics(self):
 
 TRACE_DOCS = 3
 """Evaluation documents whose read trace (eval/trace.py) each Table 2 row saves for the HTML report."""
-READ_WORK = "reads: query decoding and rescoring after a read (eval/perplexity.py)"
-"""What the roofline table leaves out of a perplexity evaluation: only one forward over each document is counted."""
 
 
 def stage_table2(self):
@@ -489,9 +487,7 @@ def stage_table2(self):
             setting = dataclasses.replace(setting, read_threshold=cfg.read_threshold)
         res = evaluate_perplexity(model, tok, docs, memory, setting, batch_size=cfg.batch, progress=self.say,
                                   trace_docs=TRACE_DOCS)
-        self.work.forwards(model.cfg, [len(d.ids) for d in docs])
-        if row.model != "base" or memory is not None:
-            self.work.missing(READ_WORK)
+        self.work.model_work(model.cfg, res.work, cfg.batch)
         results[row.key] = {"name": row.name, "description": row.description, **res.to_json()}
         _save_json(self.out / "results" / "traces" / f"{row.key}.json", res.traces)  # for index.html
         p = res.ppl
@@ -571,6 +567,7 @@ def stage_scaling(self):
     from experiments.tables import plot_scaling, scaling_markdown
     from memllm_jax.eval.rows import ROWS
     from memllm_jax.eval.scaling import memory_growth, perplexity_vs_memory_size
+    from memllm_jax.eval.scoring import ModelWork
 
     cfg = self.cfg.scaling
     if not cfg.sizes and not cfg.growth_checkpoints:
@@ -583,12 +580,12 @@ def stage_scaling(self):
     random.Random(0).shuffle(distractors)
     points = []
     if cfg.sizes:
+        work = ModelWork()
         pts = perplexity_vs_memory_size(self.model("mr"), self.tokenizer(), docs, self.encoder(), base, distractors,
-                                        cfg.sizes, ROWS[cfg.row].read, batch_size=cfg.batch, progress=self.say)
+                                        cfg.sizes, ROWS[cfg.row].read, batch_size=cfg.batch, progress=self.say,
+                                        work=work)
         points = [p.__dict__ for p in pts]
-        for _ in pts:
-            self.work.forwards(self.model("mr").cfg, [len(d.ids) for d in docs])
-        self.work.missing(READ_WORK)
+        self.work.model_work(self.model("mr").cfg, work, cfg.batch)
     growth = memory_growth(self.encoder(), base + distractors, cfg.growth_checkpoints)
     _save_json(self.out / "results" / "scaling.json", {"points": points, "growth": growth})
     md = scaling_markdown(points, growth)

@@ -30,7 +30,7 @@ from memllm_jax.decode.calls import merge_results, query_untrusted
 from memllm_jax.runtime.compiled_code import release_if_many_mappings
 from memllm_jax.eval.mixture import SpanNLL, corpus_perplexities, mix_logprobs, span_nll
 from memllm_jax.eval.records import EncodedDoc
-from memllm_jax.eval.scoring import GreedyGenerator, Scorer
+from memllm_jax.eval.scoring import GreedyGenerator, ModelWork, Scorer
 from memllm_jax.eval.trace import doc_trace, read_event
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,8 @@ class PerplexityResult:
     per_doc: list[dict]
     traces: list[dict] = dataclasses.field(default_factory=list)
     """`trace.doc_trace` of the first `trace_docs` documents (not in `to_json`)."""
+    work: ModelWork = dataclasses.field(default_factory=ModelWork)
+    """What the scoring and the query generation ran through the model (not in `to_json`)."""
 
     def to_json(self) -> dict:
         return {"ppl": self.ppl, "nll": self.nll.nll, "count": self.nll.count, "stats": self.stats}
@@ -259,7 +261,10 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
              "gold_reads": sum(len(s.enc.read_tokens) for s in states),
              **{key: sum(s.query_checks[key] for s in states) for key in QUERY_CHECKS},
              "tokens": total.count.get("overall", 0)}
-    return PerplexityResult(corpus_perplexities(nlls), total, stats, per_doc, traces)
+    work = scorer.work
+    if generator is not None:
+        work += generator.work
+    return PerplexityResult(corpus_perplexities(nlls), total, stats, per_doc, traces, work)
 
 
 def _next_reads(s: _DocState, setting: ReadSetting, mr_id: int) -> list[_Read]:

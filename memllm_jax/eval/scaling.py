@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 from memllm_jax import protocol
 from memllm_jax.eval.perplexity import ReadSetting, evaluate_perplexity
 from memllm_jax.eval.records import EncodedDoc
+from memllm_jax.eval.scoring import ModelWork
 
 
 @dataclasses.dataclass
@@ -49,8 +50,10 @@ def memory_growth(encoder: Any, triples: Sequence[protocol.Triple], checkpoints:
 def perplexity_vs_memory_size(model: Any, tok: Any, docs: Sequence[EncodedDoc], encoder: Any,
                               base_triples: Sequence[protocol.Triple], distractors: Sequence[protocol.Triple],
                               sizes: Sequence[int], setting: ReadSetting, *, memory_config=None, batch_size: int = 8,
-                              progress: Callable[[str], None] | None = None) -> list[ScalingPoint]:
-    """Perplexities with the memory holding `base_triples` + the first k `distractors`, for k in `sizes`."""
+                              progress: Callable[[str], None] | None = None,
+                              work: ModelWork | None = None) -> list[ScalingPoint]:
+    """Perplexities with the memory holding `base_triples` + the first k `distractors`, for k in `sizes`; `work`,
+    if given, adds up what the evaluations ran through the model."""
     from memllm_jax.memory import TripleMemory
 
     mem = TripleMemory(encoder, memory_config)
@@ -61,6 +64,8 @@ def perplexity_vs_memory_size(model: Any, tok: Any, docs: Sequence[EncodedDoc], 
             mem.add(list(distractors[added:k]), source="distractor")
             added = k
         res = evaluate_perplexity(model, tok, docs, mem, setting, batch_size=batch_size)
+        if work is not None:
+            work += res.work
         st = mem.stats()
         points.append(ScalingPoint(k, st["triples"], st["entities"], st["relations"], res.ppl,
                                    res.stats["reads_with_results"], res.stats["target_in_results"]))

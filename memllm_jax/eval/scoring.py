@@ -57,6 +57,32 @@ class PrefixKV:
     v_LxKxTxH: np.ndarray
 
 
+@dataclasses.dataclass
+class ModelWork:
+    """The real tokens a `Scorer` or `GreedyGenerator` ran through the model (batch and length padding not counted),
+    counted on the host from the inputs, for the run's roofline table."""
+
+    positions: int = 0
+    """Tokens forwarded (prefilled or scored) or generated."""
+    logits: int = 0
+    """Positions whose next-token logits were taken."""
+    attention_pairs: int = 0
+    """(query, key) pairs attended: a token at cache position t attends to t + 1 keys."""
+    decoded: int = 0
+    """Of `positions`: tokens generated one step at a time."""
+
+    def add(self, prefix: int, n: int, logits: bool = True) -> None:
+        """`n` tokens forwarded after `prefix` cached ones."""
+        self.positions += n
+        self.logits += n if logits else min(n, 1)
+        self.attention_pairs += n * prefix + n * (n + 1) // 2
+
+    def __iadd__(self, other: "ModelWork") -> "ModelWork":
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        return self
+
+
 class Scorer:
     """Teacher-forced scoring of token sequences with one model (base or base + adapter).
 
@@ -95,6 +121,7 @@ class Scorer:
 
         self._score_cached = None if make_cache is not None else jax.jit(score_cached)
         self.cfg = cfg
+        self.work = ModelWork()
 
     @property
     def keeps_kv(self) -> bool:
@@ -116,6 +143,8 @@ class Scorer:
                 raise ValueError(f"sequence of {longest} tokens exceeds the model's max_seq_len {self.max_len}")
             L = min(round_up(longest), max(self.max_len, longest))
             lp, lmr, am = jax.device_get(self._score(self.state, *self._pad(chunk, L)))
+            for seq in chunk:
+                self.work.add(0, len(seq))
             for b, (i, s) in enumerate(zip(batch, chunk)):
                 n = len(s) - 1
                 out[i] = SeqScores(lp[b, :n].astype(np.float64), lmr[b, :n].astype(np.float64), am[b, :n])
@@ -130,6 +159,8 @@ class Scorer:
             tokens, mask = self._pad(chunk, L)
             lp, lmr, am, cache = self._score_cached(self.state, tokens, mask, self._empty_cache(L))
             lp, lmr, am, k, v = jax.device_get((lp, lmr, am, cache.k_LxBxKxHxS, cache.v_LxBxKxSxH))
+            for seq in chunk:
+                self.work.add(0, len(seq))
             for b, (i, s) in enumerate(zip(batch, chunk)):
                 n = len(s) - 1
                 out[i] = SeqScores(lp[b, :n].astype(np.float64), lmr[b, :n].astype(np.float64), am[b, :n],
@@ -164,6 +195,8 @@ class Scorer:
             cache = _with_prefixes(cache_shape, [prefix.kv for prefix, _, _ in chunk], [P for _, P, _ in chunk])
             tokens, mask = self._pad([list(c) for _, _, c in chunk], Lc)
             lp, lmr, am, _ = jax.device_get(self._score_cached(self.state, tokens, mask, cache))
+            for _, P, c in chunk:
+                self.work.add(P, len(c))
             for b, (i, (prefix, P, c)) in enumerate(zip(batch, chunk)):
                 n = len(c)
                 out[i] = SeqScores(
@@ -186,6 +219,7 @@ class GreedyGenerator:
         self._make_cache = cache_factory(model)
         self.vocab = int(self.cfg.vocab_size) if self.cfg is not None else int(model.vocab_size)
         self.batch_size, self.pad_id = int(batch_size), int(pad_id)
+        self.work = ModelWork()
 
     def generate(self, prefixes: Sequence[Sequence[int]], stop_ids: Sequence[int], max_new: int,
                  kept: Sequence[tuple[PrefixKV, int]] | None = None) -> list[list[int]]:
@@ -223,6 +257,11 @@ class GreedyGenerator:
                                           forced=False)
             for b, i in enumerate(batch):
                 out[i] = rows_out.out_BxC[b, :rows_out.n_out_B[b]].tolist()
+                self.work.add(done_P[b], len(chunk[b]) - done_P[b], logits=False)
+                n = len(out[i])  # each generated token is fed (the first comes from the prefill's logits)
+                for j in range(n):
+                    self.work.add(len(chunk[b]) + j, 1)
+                self.work.decoded += n
         return out
 
 

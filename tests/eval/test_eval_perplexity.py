@@ -221,3 +221,21 @@ def test_batches_by_length_pads_alike_and_results_keep_the_input_order():
         np.testing.assert_allclose(got.lp_next, alone.lp_next, atol=1e-5)
     gen = GreedyGenerator(model, batch_size=2)
     assert gen.generate(seqs, [2], 5) == [gen.generate([s], [2], 5)[0] for s in seqs]
+
+
+def test_scorer_and_generator_count_the_real_tokens_they_run():
+    """`ModelWork`: positions, logits and attention pairs of the unpadded inputs, by hand."""
+    from memllm_jax.eval.scoring import GreedyGenerator, Scorer
+
+    model = Decoder(CFG, rngs=nnx.Rngs(5))
+    scorer = Scorer(model, 5, batch_size=2)
+    kept = scorer.score([[1, 9, 10], [1, 11, 12, 13, 14]], keep_kv=True)
+    assert (scorer.work.positions, scorer.work.logits, scorer.work.attention_pairs) == (8, 8, 6 + 15)
+    scorer.score_continuations([(kept[1], 2, [5, 20, 21])])  # 3 tokens after 2 cached: 3 + 4 + 5 keys
+    assert (scorer.work.positions, scorer.work.attention_pairs) == (11, 21 + 12)
+    gen = GreedyGenerator(model, batch_size=2)
+    out = gen.generate([[1, 9, 10], [1, 11, 12, 13, 14]], [], 4, kept=[(kept[0].kv, 2), (kept[1].kv, 5)])
+    assert [len(o) for o in out] == [4, 4] and gen.work.decoded == 8
+    # prefill: 1 token after 2 kept (3 keys), none after 5; then 4 fed tokens per row at positions 3.. / 5..
+    assert gen.work.positions == 1 + 8 and gen.work.logits == 1 + 8
+    assert gen.work.attention_pairs == 3 + (4 + 5 + 6 + 7) + (6 + 7 + 8 + 9)
