@@ -72,7 +72,8 @@ def synthetic_edits(gold: Iterable[Triple], n: int, seed: int = 0,
     return records
 
 
-def absent_questions(gold: Iterable[Triple], records: Sequence[EditRecord], n: int, seed: int = 0) -> list[AbsentQuestion]:
+def absent_questions(gold: Iterable[Triple], records: Sequence[EditRecord], n: int,
+                     seed: int = 0) -> list[AbsentQuestion]:
     """Up to `n` cloze questions (as `synthetic_edits` asks them) about facts of `gold` that the memory of the
     `records`' edits does not hold: their subject is named by no edit sentence (`EditRecord.statement`), so no
     triple the memory-write model extracts from the edits is about it. One question per subject and relation."""
@@ -87,5 +88,6 @@ def absent_questions(gold: Iterable[Triple], records: Sequence[EditRecord], n: i
         if len(asked) >= n:
             break
         if (t.subject, t.relation) not in asked:
-            asked[t.subject, t.relation] = AbsentQuestion(fill_cloze(rng.choice(forms[t.relation]), t.subject), t.object)
+            question = fill_cloze(rng.choice(forms[t.relation]), t.subject)
+            asked[t.subject, t.relation] = AbsentQuestion(question, t.object)
     return list(asked.values())

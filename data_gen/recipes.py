@@ -66,5 +66,5 @@ class ReadRecipe:
     """Counterfactual variants of the documents added to these examples (as `WriteRecipe.counterfactual`)."""
 
     BOUNDS: ClassVar[dict] = {"q_thr": "positive", "max_queries": "positive", "context_free": "nonnegative",
-                              "question_form": "nonnegative", "absent_questions": "nonnegative", "misread_rate": "fraction",
-                              "counterfactual": "nonnegative"}
+                              "question_form": "nonnegative", "absent_questions": "nonnegative",
+                              "misread_rate": "fraction", "counterfactual": "nonnegative"}

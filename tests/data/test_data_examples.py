@@ -8,8 +8,8 @@ from data_gen.recipes import ReadRecipe, WriteRecipe
 from data_gen.docred import parse_document
 from data_gen.eval_examples import eval_record
 from data_gen.gold_memory import GoldLookup
-from data_gen.read_examples import (absent_question_records, context_free_records, iter_read_examples, misread, question_form_records, read_records,
-                                    scan_read_points)
+from data_gen.read_examples import (absent_question_records, context_free_records, iter_read_examples, misread,
+                                    question_form_records, read_records, scan_read_points)
 from data_gen.relation_questions import GENERIC_TEMPLATES, QUESTIONS_BY_PID
 from data_gen.relations import DEFAULT_REL_INFO, ambiguous_label_filter, is_ambiguous, load_relation_labels
 from data_gen.write_examples import (context_free_items, iter_write_examples, question_form_items, taught_triples,
@@ -230,8 +230,9 @@ def test_absent_question_records(doc):
                         for q in GENERIC_TEMPLATES + QUESTIONS_BY_PID["P361"]}
     assert [(s["text"], s["loss"]) for s in rec["segments"]] == [
         (question, False), ("({MEM_READ(Alla Mia Età>>part of>>)-->", True), ("})", False), (" unknown", True)]
-    assert "".join(s["text"] for s in rec["segments"][1:3]) == P.format_empty_read([P.Query("Alla Mia Età", "part of", None)])
-    assert memory([P.Query("Alla Mia Età", "part of", None)]) == [[]]  # the read returns nothing
+    query = P.Query("Alla Mia Età", "part of", None)
+    assert "".join(s["text"] for s in rec["segments"][1:3]) == P.format_empty_read([query])
+    assert memory([query]) == [[]]  # the read returns nothing
     assert rec["eos"] and rec["absent"] and rec["results"] == [] and rec["target"] == P.ABSTAIN
     assert absent_question_records(doc, 5) == [rec] and absent_question_records(doc, 0) == []
     # the loss covers the call, the phrase and EOS; not the question nor the empty result

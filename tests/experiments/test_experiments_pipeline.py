@@ -145,7 +145,8 @@ def test_synthetic_edits_of_the_pipeline(tmp_path, heldout_world):
     records = _synthetic_edit_records(pipe, absent)
     assert len(records) == 20 and _synthetic_edit_records(pipe) == records
     # questions about the same documents' facts that no edit sentence names
-    assert len(absent) == 5 and all(q.answer for q in absent) and not {q.question for q in absent} & {r.src for r in records}
+    assert len(absent) == 5 and all(q.answer for q in absent)
+    assert not {q.question for q in absent} & {r.src for r in records}
     names = tuple({e.name for split in ("train", "eval", "outside") for d in _documents(pipe, split)
                    for e in d.entities if not e.name[:1].isdigit()})
     subject_in_corpus = [r.src.startswith(names) for r in records]
