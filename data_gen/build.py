@@ -21,7 +21,8 @@ from data_gen.eval_examples import eval_record
 from data_gen.io import JsonlWriter, iter_json_array
 from memllm_jax.files import atomic_open
 from data_gen.recipes import ReadRecipe, WriteRecipe
-from data_gen.read_examples import context_free_records, misread, question_form_records, read_records, scan_read_points
+from data_gen.read_examples import (absent_question_records, context_free_records, misread, question_form_records,
+                                   read_records, scan_read_points)
 from data_gen.stats import Stats
 from data_gen.write_examples import (context_free_items, iter_write_items, question_form_items, write_coverage,
                                      write_record)
@@ -71,7 +72,7 @@ def lm_record(doc: Document) -> dict:
 def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, write: WriteRecipe, read: ReadRecipe,
                    seed: int = 0) -> Iterator[tuple[str, dict]]:
     """The `kinds` of examples of one document, as `(kind, record)`; extra write / read examples are marked
-    `"context_free"` / `"question_form"` (`WriteRecipe`, `ReadRecipe`)."""
+    `"context_free"` / `"question_form"` / `"absent"` (`WriteRecipe`, `ReadRecipe`)."""
     stats.documents += 1
     if "write" in kinds:
         for item in iter_write_items(doc, write.pretext_sentences, write.evidence):
@@ -108,6 +109,10 @@ def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, write
         for rec in question_form_records(doc, read.question_form, seed):
             stats.read_examples += 1
             stats.question_form_reads += 1
+            yield "read", rec
+        for rec in absent_question_records(doc, read.absent_questions, seed, query_fn):
+            stats.read_examples += 1
+            stats.absent_reads += 1
             yield "read", rec
     if "eval" in kinds:
         rec = eval_record(doc, max_queries=read.max_queries, filter_ambiguous=read.filter_ambiguous)

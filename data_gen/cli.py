@@ -9,6 +9,7 @@ import sys
 import time
 
 from data_gen.relations import DEFAULT_REL_INFO, load_relation_labels
+from memllm_jax import protocol
 from memllm_jax.errors import InputError
 
 MEMLLM_LABELS = DEFAULT_REL_INFO.parent / "rel_labels_memllm.json"
@@ -54,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(the form of Table 3's edits)")
     b.add_argument("--read-question-form", type=int, default=0,
                    help="also N read examples per document of one triple asked as a question, read and answered")
+    b.add_argument("--read-absent-questions", type=int, default=0,
+                   help="also N read examples per document of a question about a fact the memory does not hold, its "
+                        f"empty read and the answer {protocol.ABSTAIN!r} (memory-aware reading)")
     b.add_argument("--misread-rate", type=float, default=0.0,
                    help="replace this share of the read examples' query results by another entity the text named "
                         "before the read (an imperfect memory, as the paper's training reads see)")
@@ -190,6 +194,7 @@ def _build(args) -> int:
                         question_form=args.question_form, evidence=args.write_evidence, counterfactual=args.counterfactual)
     read = ReadRecipe(q_thr=args.q_thr, max_queries=args.max_queries, filter_ambiguous=not args.no_ambiguous_filter,
                       context_free=args.read_context_free, question_form=args.read_question_form,
+                      absent_questions=args.read_absent_questions,
                       misread_rate=args.misread_rate, counterfactual=args.counterfactual)
     check_tree(write)
     check_tree(read)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import random
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from data_gen.synthetic import cloze_templates, fill_cloze
+from memllm_jax.eval.abstention import AbsentQuestion
 from memllm_jax.eval.editing import EditRecord
 from memllm_jax.protocol import Triple
 
@@ -69,3 +70,24 @@ def synthetic_edits(gold: Iterable[Triple], n: int, seed: int = 0,
                                   fill_cloze(rng.choice(forms[loc.relation]), loc.subject), loc.object,
                                   statement=fill_cloze(first, t.subject, alt)))
     return records
+
+
+def absent_questions(gold: Iterable[Triple], records: Sequence[EditRecord], n: int,
+                     seed: int = 0) -> list[AbsentQuestion]:
+    """Up to `n` cloze questions (as `synthetic_edits` asks them) about facts of `gold` that the memory of the
+    `records`' edits does not hold: their subject is named by no edit sentence (`EditRecord.statement`), so no
+    triple the memory-write model extracts from the edits is about it. One question per subject and relation."""
+    if n <= 0:
+        return []
+    forms = cloze_templates()
+    triples = sorted({t for t in gold if t.relation in forms and not any(t.subject in r.statement for r in records)})
+    rng = random.Random(f"absent:{seed}")
+    rng.shuffle(triples)
+    asked: dict[tuple[str, str], AbsentQuestion] = {}
+    for t in triples:
+        if len(asked) >= n:
+            break
+        if (t.subject, t.relation) not in asked:
+            question = fill_cloze(rng.choice(forms[t.relation]), t.subject)
+            asked[t.subject, t.relation] = AbsentQuestion(question, t.object)
+    return list(asked.values())

@@ -24,6 +24,11 @@ states for them, then the answer, e.g. "Where was X born?({MEM_READ(X>>place of 
 Table 3 asks ZsRE questions with a read forced after the question mark; without them every read the model has
 made followed a declarative sentence.
 
+Absent-fact questions (`absent_question_records`, optional; not in the paper, whose Limitations say MemLLM is
+not memory-aware): a question about a fact the memory does not hold, its read, the empty result and the phrase
+`protocol.ABSTAIN` as the answer, e.g. "Where did X work?({MEM_READ(X>>employer>>)-->}) unknown", so that a model
+read with `keep_empty` (the empty call kept in its context) says it does not know instead of naming something.
+
 Imperfect results (`misread`, optional): the paper answers the training reads from the memory its trained
 memory-write model wrote (§3.3: "We intentionally use this imperfect memory because it aligns the training data
 with the ultimate inference conditions"), so the read model also sees results without the target and learns to
@@ -44,6 +49,7 @@ import random
 from typing import Callable, Iterator, Sequence
 
 from data_gen.docred import Document, Mention, sentence_document
+from data_gen.relation_questions import ask
 from data_gen.relations import is_ambiguous
 from data_gen.write_examples import asked_triples
 from memllm_jax import protocol as P
@@ -264,5 +270,41 @@ def question_form_records(doc: Document, n: int, seed: int = 0) -> list[dict]:
                          {"text": P.escape_text(" " + a.triple.object), "loss": True}],
             "eos": True, "target": a.triple.object, "queries": [[query.subject, query.relation, query.object]],
             "results": list(a.answers), "result_counts": [len(a.answers)],
+        })
+    return out
+
+
+def absent_question_records(doc: Document, n: int, seed: int = 0, query_fn: QueryFn | None = None) -> list[dict]:
+    """Up to `n` questions about facts the memory does not hold (drawn at random, seeded by `seed` and the document
+    id): a relation that the document gives some entity of a type but not this entity of that type, and (with
+    `query_fn`) that the memory does not answer for it either. Each as: the question (no loss), the read of the
+    entity and relation, the empty result `})` (no loss), " " + `protocol.ABSTAIN`, EOS: the question-form
+    examples' loss. Marked `"absent": true`."""
+    if n <= 0:
+        return []
+    given = {(rel.head, rel.label) for rel in doc.relations}
+    typed: dict[tuple[str, str], set[str]] = {}  # (relation, P-id) -> the types of the entities the document gives it
+    for rel in doc.relations:
+        if rel.head != rel.tail:
+            typed.setdefault((rel.label, rel.pid), set()).add(doc.entities[rel.head].type)
+    pairs = sorted({(e.name, label, pid) for i, e in enumerate(doc.entities) for (label, pid), types in typed.items()
+                    if e.type in types and (i, label) not in given})
+    rng = random.Random(f"read-absent:{seed}:{doc.doc_id}")
+    rng.shuffle(pairs)
+    queries = [P.Query(name, label, None) for name, label, _ in pairs]
+    if query_fn is not None and queries:
+        found = list(query_fn(queries))
+        pairs = [p for p, res in zip(pairs, found) if res is not None and not res]
+    out = []
+    for name, label, pid in pairs[:n]:
+        query = P.Query(name, label, None)
+        out.append({
+            "kind": "read", "doc": doc.doc_id, "read_index": 0, "absent": True,
+            "segments": [{"text": P.escape_text(ask(name, label, pid, rng)), "loss": False},
+                         {"text": P.format_read_call([query]), "loss": True},
+                         {"text": P.format_read_result(()), "loss": False},
+                         {"text": P.escape_text(" " + P.ABSTAIN), "loss": True}],
+            "eos": True, "target": P.ABSTAIN, "queries": [[query.subject, query.relation, query.object]],
+            "results": [], "result_counts": [0],
         })
     return out

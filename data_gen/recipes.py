@@ -54,6 +54,10 @@ class ReadRecipe:
     """Extra examples per document: one of its triples asked as a question, the read of its subject and relation,
     the memory's answer and the object (`read_examples.question_form_records`). Not in the paper's training data;
     Table 3 forces a read after each question."""
+    absent_questions: int = 0
+    """Extra examples per document: a question about a fact the memory does not hold, its read, the empty result
+    and `protocol.ABSTAIN` as the answer (`read_examples.absent_question_records`). Not in the paper (not
+    memory-aware); for a reader whose empty reads are kept in its context (`keep_empty`)."""
     misread_rate: float = 0.0
     """Share of the query results replaced by another entity the text named before the read (`read_examples.
     misread`): the paper answers training reads from the imperfect memory its writer wrote, so the reader learns
@@ -62,4 +66,5 @@ class ReadRecipe:
     """Counterfactual variants of the documents added to these examples (as `WriteRecipe.counterfactual`)."""
 
     BOUNDS: ClassVar[dict] = {"q_thr": "positive", "max_queries": "positive", "context_free": "nonnegative",
-                              "question_form": "nonnegative", "misread_rate": "fraction", "counterfactual": "nonnegative"}
+                              "question_form": "nonnegative", "absent_questions": "nonnegative",
+                              "misread_rate": "fraction", "counterfactual": "nonnegative"}

@@ -194,8 +194,15 @@ class EditingConfig:
     """Retrieval thresholds of the edited memory (`memllm_jax.config.MEMORY_PRESETS`): "editing" (Appendix D: tau_e
     0.85, tau_t 0.2, tau_r 0.6), "editing_exact" (the same, a query naming stored subject and relation exactly gets
     only those triples) or "lm" (Table 2's)."""
+    absent_questions: int = 0
+    """> 0: after the sequential edits, ask this many questions about held-out facts the memory does not hold and
+    report the share answered `protocol.ABSTAIN` and the share naming something (`eval.abstention`; synthetic
+    edits only). Not in the paper (not memory-aware); 0 = off."""
+    keep_empty: bool = False
+    """Keep every question's empty read in its context, closed with nothing, instead of removing it (paper §3.2):
+    memory-aware reading, for a read model trained with `data.read.absent_questions`."""
 
-    BOUNDS: ClassVar[dict] = {"n_edits": "positive", "max_new_tokens": "positive"}
+    BOUNDS: ClassVar[dict] = {"n_edits": "positive", "max_new_tokens": "positive", "absent_questions": "nonnegative"}
     CHOICES: ClassVar[dict] = {"regimes": ("sequential", "single"), "memory": ("editing", "editing_exact", "lm")}
 
 

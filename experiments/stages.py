@@ -501,12 +501,14 @@ def stage_table2(self):
     return {"rows": list(results)}
 
 
-def _synthetic_edit_records(self) -> list:
+def _synthetic_edit_records(self, absent: list | None = None) -> list:
     """The Table 3 analogue's edits, at most one per subject and kind of answer. With a held-out world they are
     drawn from a third world's documents (`data_gen.synthetic.edit_world_documents`: no name of the corpus, 2
-    documents per edit); otherwise from the evaluation and outside documents' facts."""
+    documents per edit); otherwise from the evaluation and outside documents' facts. `absent`: extended by
+    `editing.absent_questions` questions about the same documents' facts that no edit touches
+    (`data_gen.edits.absent_questions`)."""
     from data_gen.docred import documents_from_raw
-    from data_gen.edits import synthetic_edits
+    from data_gen.edits import absent_questions, synthetic_edits
     from data_gen.gold_memory import gold_triples
 
     splits = ("eval", "outside") if self.cfg.data.outside_docs else ("eval",)
@@ -525,7 +527,11 @@ def _synthetic_edit_records(self) -> list:
     else:
         docs = [d for split in splits for d in _documents(self, split)]
     kinds = {e.name: e.type for d in docs for e in d.entities}
-    return synthetic_edits([t for d in docs for t in gold_triples(d)], n_edits, object_kinds=kinds)
+    gold = [t for d in docs for t in gold_triples(d)]
+    records = synthetic_edits(gold, n_edits, object_kinds=kinds)
+    if absent is not None:
+        absent += absent_questions(gold, records, self.cfg.editing.absent_questions)
+    return records
 
 
 def stage_editing(self):
@@ -536,8 +542,9 @@ def stage_editing(self):
     cfg = self.cfg.editing
     if not cfg.records:
         return {"skipped": True}
+    absent: list = []
     if cfg.records == "synthetic":
-        records, shots, style = _synthetic_edit_records(self), (), "cloze"
+        records, shots, style = _synthetic_edit_records(self, absent), (), "cloze"
         if len(records) < cfg.n_edits:
             self.say(f"  editing: {len(records)} synthetic edits (n_edits = {cfg.n_edits}; the edited documents' facts allow no more)")
     else:
@@ -547,9 +554,12 @@ def stage_editing(self):
         records, shots, style = load_zsre(cfg.records, cfg.n_edits, skipped), ZSRE_SHOTS, "qa"
         if skipped:
             self.say(f"  editing: skipped records {skipped} of {cfg.records}: empty edit target 'alt'")
+        if cfg.absent_questions:
+            self.say("  editing: absent_questions asks about the synthetic edits' world only: none asked")
     res = evaluate_editing(self.model("mw"), self.model("mr"), self.tokenizer(), self.encoder(), records, shots=shots,
                            memory_config=MEMORY_PRESETS[cfg.memory], max_new_tokens=cfg.max_new_tokens,
-                           regimes=cfg.regimes, style=style, **_edit_checks(self), progress=self.say)
+                           regimes=cfg.regimes, style=style, **_edit_checks(self), absent=absent,
+                           keep_empty=cfg.keep_empty, progress=self.say)
     self.work.missing("every write, read and answer of the edits (eval/editing.py)")
     out = {k: v.to_json() for k, v in res.items()}
     # a ZsRE file's results sit next to the synthetic analogue's: `table3_<file stem>.*`

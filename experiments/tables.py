@@ -9,6 +9,8 @@ from typing import Mapping, Sequence
 
 from experiments.roofline_table import table_markdown
 from memllm_jax.errors import load_json
+from memllm_jax import protocol
+from memllm_jax.eval.abstention import ABSENT_KEY
 from memllm_jax.eval.editing import ERROR_KINDS
 from memllm_jax.eval.rows import PAPER_TABLE2, PAPER_TABLE3, ROWS
 from memllm_jax.files import atomic_open
@@ -39,6 +41,9 @@ def table2_markdown(results: Mapping[str, Mapping], title: str = "Table 2 (ours)
 
 
 def table3_markdown(results: Mapping[str, Mapping], title: str = "Table 3 analogue (ours)") -> str:
+    """`results[regime]`, and the absent-fact block under `abstention.ABSENT_KEY` when it was asked."""
+    absent = results.get(ABSENT_KEY)
+    results = {k: v for k, v in results.items() if k != ABSENT_KEY}
     lines = [f"**{title}** — knowledge editing; the paper's rows are its published Mistral-7B ZsRE results "
              "(T = 1000 sequential edits), for reference.", "",
              "| method | edits (T) | REL | GEN | LOC | AVG | edits held in memory: n (REL / GEN on them) |",
@@ -58,7 +63,20 @@ def table3_markdown(results: Mapping[str, Mapping], title: str = "Table 3 analog
               for regime, r in results.items() if r.get("errors_rel")]
     for name, (rel, gen, loc, avg) in PAPER_TABLE3.items():
         lines.append(f"| {name} (paper, Mistral-7B) | 1000 | {rel:.2f} | {gen:.2f} | {loc:.2f} | {avg:.2f} | – |")
-    return "\n".join(lines + ([""] + notes if notes else []))
+    return "\n".join(lines + ([""] + notes if notes else []) + (["", absent_markdown(absent)] if absent else []))
+
+
+def absent_markdown(r: Mapping) -> str:
+    """Table 3's absent-fact block (`eval.abstention`): how the read model answers what the memory does not hold."""
+    kept = "kept in the context" if r["keep_empty"] else "removed, as in the paper"
+    present = f"{r['rel_present']:.2f} / {r['gen_present']:.2f}" if r.get("rel_present") is not None else "–"
+    return "\n".join([
+        f"**Absent facts** — {r['n_questions']} questions about held-out facts the memory of the sequential edits "
+        f"does not hold (empty reads {kept}); not in the paper, which is not memory-aware.", "",
+        f"| answers | abstained (\"{protocol.ABSTAIN}\") | named a guess | the fact's object | forced read empty "
+        "| REL / GEN on present facts |", "|---|---|---|---|---|---|",
+        f"| MemLLM (ours, sequential) | {r['abstention']:.2f} | {r['named_guess']:.2f} | {r['correct_guess']:.2f} "
+        f"| {r['empty_reads']:.2f} | {present} |"])
 
 
 def read_diagnostics_markdown(results: Mapping[str, Mapping]) -> str:

@@ -5,6 +5,7 @@ Formats (those of the original MemLLM implementation):
     write example:  pretext + "({USER_ST})" + sentence + "({USER_END})" + "({MEM_WRITE-->s>>r>>o;s>>r>>o})" + EOS
     empty write:    "({MEM_WRITE-->})"
     read call:      "({MEM_READ(" + "s>>r>>;>>r>>o" + ")-->" + "e1;e2" + "})"
+    empty read:     "({MEM_READ(" + "s>>r>>" + ")-->" + "})"   (kept only by memory-aware reading, see `ABSTAIN`)
 
 Tokenizers register every marker in `MARKERS` as a special token (one id each). Text that merely contains
 a marker string (a document, a user message) goes through `escape_text` on the way in, so it can never
@@ -36,6 +37,10 @@ CALL_OPEN = "({"
 """The two characters that open every API call; p(MR) in the perplexity mixture is p(MEM_READ token)."""
 WRITE_BRIDGE = " It is or they are "
 """Joins an editing question and its new answer into a sentence for the memory-write model (paper §4.3)."""
+ABSTAIN = "unknown"
+"""What a memory-aware read model answers when its read finds nothing (not in the paper, whose Limitations say
+MemLLM is not memory-aware: the empty call is removed and the model answers from its weights). The empty result
+stays in the context as the call closed with nothing (`format_empty_read`), and the answer follows it."""
 
 MARKERS: tuple[str, ...] = (USER_ST, USER_END, MEM_WRITE, MEM_READ, READ_END, CALL_END)
 """Strings registered as special tokens, one id each."""
@@ -216,6 +221,11 @@ def format_read_result(entities: Iterable[str]) -> str:
     return ITEM_SEP.join(escape_name(e) for e in entities) + CALL_END
 
 
+def format_empty_read(queries: Sequence[Query]) -> str:
+    """`({MEM_READ(q1;q2)-->})`: a read whose result is empty, kept in the context (`ABSTAIN`)."""
+    return format_read_call(queries) + format_read_result(())
+
+
 # ------------------------------------------------------------------------------------------------ parsing
 
 
@@ -299,12 +309,18 @@ def parse_write_call(text: str) -> Parsed:
         return Parsed((), (f"internal parser error: {exc!r}",), complete=False)
 
 
+def _last_read_start(text: str) -> int:
+    """Where the last read call of `text` starts (a `({MEM_READ(` not escaped), or -1."""
+    start = text.rfind(MEM_READ)
+    while start > 0 and text[start - 1] == ESC:
+        start = text.rfind(MEM_READ, 0, start - 1)
+    return start
+
+
 def parse_read_call(text: str) -> Parsed:
     """Parse the queries of the last read call in `text` that has reached `)-->`. Never raises."""
     try:
-        start = text.rfind(MEM_READ)
-        while start > 0 and text[start - 1] == ESC:
-            start = text.rfind(MEM_READ, 0, start - 1)
+        start = _last_read_start(text)
         if start < 0:
             return Parsed((), ("no memory-read call found",), complete=False)
         body_start = start + len(MEM_READ)
@@ -314,6 +330,19 @@ def parse_read_call(text: str) -> Parsed:
         return parse_queries(text[body_start:end])
     except Exception as exc:  # noqa: BLE001
         return Parsed((), (f"internal parser error: {exc!r}",), complete=False)
+
+
+def parse_read_result(text: str) -> tuple[str, ...] | None:
+    """The entities answering the last read call in `text`: () when it was closed with nothing (an empty read
+    kept in the context, `format_empty_read`), None when that call has no answer yet or `text` has none. Never
+    raises."""
+    try:
+        start = _last_read_start(text)
+        answer = _find_unescaped(text, READ_END, start + len(MEM_READ)) if start >= 0 else -1
+        end = _find_unescaped(text, CALL_END, answer + len(READ_END)) if answer >= 0 else -1
+        return tuple(parse_entities(text[answer + len(READ_END) : end])) if end >= 0 else None
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def strip_calls(text: str) -> str:

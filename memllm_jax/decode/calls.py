@@ -7,7 +7,8 @@ malformed results, and removes calls (paper §3.2). It never touches the device:
 fills, per row, the cache length to rewind to (`lengths`) and the tokens to feed next (`feed`); the caller
 turns those into a prefill (host path) or forced tokens (in-loop path).
 
-A call is removed from the context when its result is empty, when it has more than Q_thr entities, when its
+A call is removed from the context when its result is empty (unless `keep_empty`: memory-aware reading, where
+the call stays closed with nothing, `protocol.format_empty_read`), when it has more than Q_thr entities, when its
 queries do not parse, or when the model later opens a new call. Removal rewinds the row's cache to just
 before the call, then re-feeds the token before the call plus whatever followed the call, so the cache and
 next-token logits are those of a context in which the call never happened; nothing before the call is
@@ -111,8 +112,10 @@ class CallBook:
     `ban` (the next token may not open a call), `active` and `in_call` are per-row arrays the caller passes
     in and reads back."""
 
-    def __init__(self, tokenizer, memory, *, q_thr: int, max_len: int):
+    def __init__(self, tokenizer, memory, *, q_thr: int, max_len: int, keep_empty: bool = False):
         self.tok, self.memory, self.q_thr, self.max_len = tokenizer, memory, q_thr, max_len
+        self.keep_empty = keep_empty
+        """An empty result is answered `})` and the call kept, so the model sees that the memory had nothing."""
         self.row_memories: Sequence[Any] | None = None
         """One memory per row of the batch (e.g. one edit's memory per question), or None: `memory` for all."""
         ids = tokenizer.marker_id
@@ -211,7 +214,7 @@ class CallBook:
 
     def _apply(self, r: Row, b: int, call: ApiCall, answer, lengths, feed, ban, active) -> None:
         entities, too_large = answer
-        if too_large or not entities:
+        if too_large or not (entities or self.keep_empty):
             self._drop_current(r, b, call, "too_large" if too_large else "empty", lengths, feed, ban)
             return
         answer_ids = self.tok.encode(protocol.format_read_result(entities))

@@ -32,11 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=options.positive_int, default=48, help="tokens generated per answer")
     parser.add_argument("--force-read", action="store_true", help="open a memory read right after each question")
     parser.add_argument("--show-memory", action="store_true", help="print each API call of an answer")
+    parser.add_argument("--keep-empty", action="store_true",
+                        help="keep a read that finds nothing in the context, closed with nothing, so that a model "
+                             f"trained for it answers {protocol.ABSTAIN!r} (memory-aware; the paper removes it)")
 
 
 def chat_session(read_model, write_model, tok, memory, lines: Iterable[str], out: TextIO, *, save=None,
                  max_new_tokens: int = 48, force_read: bool = False, show_memory: bool = False,
-                 session: str = "chat") -> None:
+                 session: str = "chat", keep_empty: bool = False) -> None:
     """Run the chat over `lines` (stdin or a test script), writing replies to `out`; `save()` persists."""
     from memllm_jax.decode.generate_cli import format_result
     from memllm_jax.decode.reader import generate_with_memory
@@ -82,7 +85,7 @@ def chat_session(read_model, write_model, tok, memory, lines: Iterable[str], out
             continue
         if line.endswith("?"):
             [res] = generate_with_memory(read_model, tok, memory, [line + " "], max_new_tokens,
-                                         force_read=force_read)
+                                         force_read=force_read, keep_empty=keep_empty)
             out.write(format_result("", res, show_memory) + "\n")
             continue
         sentences = [s for s in _SENT_END.split(line) if s]
@@ -117,6 +120,7 @@ def main(args: argparse.Namespace) -> int:
 
     print("memllm chat: statements are stored, questions (ending with ?) are answered; /help for commands")
     chat_session(read_model, write_model, tok, memory, sys.stdin, sys.stdout, save=save,
-                 max_new_tokens=args.max_new_tokens, force_read=args.force_read, show_memory=args.show_memory)
+                 max_new_tokens=args.max_new_tokens, force_read=args.force_read, show_memory=args.show_memory,
+                 keep_empty=args.keep_empty)
     save()
     return 0

@@ -26,6 +26,10 @@ whitespace collapsed (SQuAD's normalisation). AVG is the mean of REL, GEN and LO
 Two regimes: sequential (all T edits written in order into one memory, then every question asked) and
 single (T = 1: a fresh memory holding only that record's edit for each record).
 
+Absent facts (`absent`, off by default; `eval.abstention`): questions about held-out facts the memory does not
+hold, asked of the sequential memory; the share answered `protocol.ABSTAIN` and the share that name something,
+next to REL / GEN. `keep_empty` keeps every question's empty read in its context (memory-aware reading).
+
 Errors by kind (`error_kinds`, after the paper's qualitative analysis in §4.3): each wrong REL / GEN answer is
 counted once, at the first stage that lost the edit's answer: the memory-write model wrote no triple with it as
 the object ("write"), a later edit's triple replaced it ("replaced"), the forced read did not return it ("read"),
@@ -46,6 +50,7 @@ from memllm_jax.errors import InputError, load_json
 
 if TYPE_CHECKING:
     from memllm_jax.decode.writer import WriteDecoding
+    from memllm_jax.eval.abstention import AbsentQuestion, AbstentionResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,15 +216,18 @@ class Answer:
 
 
 def answer_questions(read_model: Any, tok: Any, memory: Any, questions: Sequence[str], shots: Sequence[Shot], *,
-                     max_new_tokens: int = 48, batch_size: int = 16, style: str = "qa") -> list[str]:
+                     max_new_tokens: int = 48, batch_size: int = 16, style: str = "qa",
+                     keep_empty: bool = False) -> list[str]:
     """Answers with a forced read: `style="qa"` asks `questions` in the 5-shot prompt; `"cloze"` continues
-    each question as a sentence start (no shots). `memory`: one memory, or one per question."""
+    each question as a sentence start (no shots). `memory`: one memory, or one per question. `keep_empty`: a read
+    that finds nothing stays in the context (`generate_with_memory`)."""
     return [a.text for a in ask_questions(read_model, tok, memory, questions, shots, max_new_tokens=max_new_tokens,
-                                          batch_size=batch_size, style=style)]
+                                          batch_size=batch_size, style=style, keep_empty=keep_empty)]
 
 
 def ask_questions(read_model: Any, tok: Any, memory: Any, questions: Sequence[str], shots: Sequence[Shot], *,
-                  max_new_tokens: int = 48, batch_size: int = 16, style: str = "qa") -> list[Answer]:
+                  max_new_tokens: int = 48, batch_size: int = 16, style: str = "qa",
+                  keep_empty: bool = False) -> list[Answer]:
     """`answer_questions` with what each forced read returned."""
     from memllm_jax.decode.reader import generate_with_memory
 
@@ -240,7 +248,7 @@ def ask_questions(read_model: Any, tok: Any, memory: Any, questions: Sequence[st
         done = [lambda ids, q=q, n=len(p): answer_complete(_text_after(tok, ids, n, q), style)
                 for p, q in zip(prompts, questions)]
     res = generate_with_memory(read_model, tok, memory, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                               chunk=16, stop_ids=stops, done_when=done)
+                               chunk=16, stop_ids=stops, done_when=done, keep_empty=keep_empty)
     return [Answer(extract(_text_after(tok, list(r.prompt_ids) + list(r.token_ids), len(r.prompt_ids), q)),
                    tuple(r.calls[0].result) if r.calls else ())  # the forced read is the row's first call
             for r, q in zip(res, questions)]
@@ -359,10 +367,14 @@ def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, 
                      memory_config=EDITING_MEMORY, batch_size: int = 32, max_new_tokens: int = 48,
                      style: str = "qa", write_decoding: WriteDecoding | None = None, grounded: bool = False,
                      relations: Collection[str] | None = None, min_confidence: float | None = None,
-                     progress: Callable[[str], None] | None = None) -> dict[str, EditingResult]:
+                     absent: Sequence[AbsentQuestion] = (), keep_empty: bool = False,
+                     progress: Callable[[str], None] | None = None) -> dict[str, EditingResult | AbstentionResult]:
     """REL / GEN / LOC after all edits written in sequence ("sequential") and with one edit at a time ("single").
     `write_decoding` / `grounded` / `relations` / `min_confidence`: write the edits as the memory stage writes
-    (`extract_edits`); `max_new_tokens`: the answers' budget."""
+    (`extract_edits`); `max_new_tokens`: the answers' budget. `absent`: questions about facts the memory does not
+    hold, asked after the sequential edits (`abstention.ABSENT_KEY` block); `keep_empty`: every question's empty
+    read stays in its context."""
+    from memllm_jax.eval.abstention import ABSENT_KEY, score_abstention
     from memllm_jax.memory import TripleMemory
 
     say = progress or (lambda _m: None)
@@ -370,23 +382,29 @@ def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, 
     edits = extract_edits(write_model, tok, records, write_decoding, batch_size=batch_size, grounded=grounded,
                           relations=relations, min_confidence=min_confidence)
     ask = lambda mem, qs: ask_questions(read_model, tok, mem, qs, shots, max_new_tokens=max_new_tokens,  # noqa: E731
-                                        batch_size=batch_size, style=style)
+                                        batch_size=batch_size, style=style, keep_empty=keep_empty)
     texts = lambda answers: [a.text for a in answers]  # noqa: E731
     reads = lambda answers: [a.read_results for a in answers]  # noqa: E731
     empty = TripleMemory(encoder, memory_config)
     say("  editing: locality answers without edits")
     loc_base = texts(ask(empty, [r.loc for r in records]))
-    out: dict[str, EditingResult] = {}
-    if "sequential" in regimes:
+    out: dict[str, EditingResult | AbstentionResult] = {}
+    if "sequential" in regimes or absent:
         mem = TripleMemory(encoder, memory_config)
         for k, triples in enumerate(edits):
             if triples:
                 mem.add(triples, source=f"edit{k}", replace=True)
         say(f"  editing: T={len(records)} sequential edits written ({len(mem.triples)} triples); asking")
+    if "sequential" in regimes:
         a_src, a_reph = ask(mem, [r.src for r in records]), ask(mem, [r.rephrase for r in records])
         out["sequential"] = _score(records, texts(a_src), texts(a_reph), texts(ask(mem, [r.loc for r in records])),
                                    loc_base, edits, "sequential", edits_in_memory(records, mem.records()),
                                    reads(a_src), reads(a_reph))
+    if absent:
+        say(f"  editing: {len(absent)} questions about facts the memory does not hold")
+        seq = out.get("sequential")
+        out[ABSENT_KEY] = score_abstention(absent, ask(mem, [q.question for q in absent]), keep_empty=keep_empty,
+                                           rel_present=seq.rel if seq else None, gen_present=seq.gen if seq else None)
     if "single" in regimes:  # one memory per record; its three questions share it, and batches mix records
         memories = []
         for k, triples in enumerate(edits):

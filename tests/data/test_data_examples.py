@@ -8,8 +8,8 @@ from data_gen.recipes import ReadRecipe, WriteRecipe
 from data_gen.docred import parse_document
 from data_gen.eval_examples import eval_record
 from data_gen.gold_memory import GoldLookup
-from data_gen.read_examples import (context_free_records, iter_read_examples, misread, question_form_records, read_records,
-                                    scan_read_points)
+from data_gen.read_examples import (absent_question_records, context_free_records, iter_read_examples, misread,
+                                    question_form_records, read_records, scan_read_points)
 from data_gen.relation_questions import GENERIC_TEMPLATES, QUESTIONS_BY_PID
 from data_gen.relations import DEFAULT_REL_INFO, ambiguous_label_filter, is_ambiguous, load_relation_labels
 from data_gen.write_examples import (context_free_items, iter_write_examples, question_form_items, taught_triples,
@@ -215,6 +215,39 @@ def _extra_read_records(tmp_path, flag: str, count_field: str, **build_kwargs) -
 def test_build_adds_question_form_read_examples(tmp_path):
     (extra,) = _extra_read_records(tmp_path, "question_form", "question_form_reads", read=ReadRecipe(question_form=1))
     assert extra["segments"][1]["text"].startswith("({MEM_READ(") and extra["eos"]
+
+
+def test_absent_question_records(doc):
+    """A question about a relation the document gives other entities of the type but not this one ("part of": the
+    song has it, the album not), its read, the empty result (no loss) and the phrase as the answer, then EOS."""
+    from memllm_jax.train.data import tokenize_record
+    from tests.support.eval_fakes import CharTokenizer
+
+    memory = GoldLookup().add_documents([doc])
+    [rec] = absent_question_records(doc, 5, query_fn=memory)
+    question = rec["segments"][0]["text"]
+    assert question in {q.format(relation="part of", subject="Alla Mia Età")
+                        for q in GENERIC_TEMPLATES + QUESTIONS_BY_PID["P361"]}
+    assert [(s["text"], s["loss"]) for s in rec["segments"]] == [
+        (question, False), ("({MEM_READ(Alla Mia Età>>part of>>)-->", True), ("})", False), (" unknown", True)]
+    query = P.Query("Alla Mia Età", "part of", None)
+    assert "".join(s["text"] for s in rec["segments"][1:3]) == P.format_empty_read([query])
+    assert memory([query]) == [[]]  # the read returns nothing
+    assert rec["eos"] and rec["absent"] and rec["results"] == [] and rec["target"] == P.ABSTAIN
+    assert absent_question_records(doc, 5) == [rec] and absent_question_records(doc, 0) == []
+    # the loss covers the call, the phrase and EOS; not the question nor the empty result
+    tok = CharTokenizer()
+    ex = tokenize_record(rec, tok, "test")
+    assert ex.ids[ex.loss].tolist() == tok.encode(rec["segments"][1]["text"] + " unknown") + [tok.eos_id]
+    assert tok.decode(ex.ids[~ex.loss][-1:]) == P.CALL_END
+    # a memory that answers the query (e.g. from another document), or finds too many, leaves no question
+    assert absent_question_records(doc, 5, query_fn=lambda qs: [["Some Box Set"] for _ in qs]) == []
+    assert absent_question_records(doc, 5, query_fn=lambda qs: [None for _ in qs]) == []
+
+
+def test_build_adds_absent_question_read_examples(tmp_path):
+    (extra,) = _extra_read_records(tmp_path, "absent", "absent_reads", read=ReadRecipe(absent_questions=1))
+    assert extra["segments"][2] == {"text": P.CALL_END, "loss": False} and extra["eos"]
 
 
 def test_context_free_read_records(doc):

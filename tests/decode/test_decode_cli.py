@@ -124,6 +124,17 @@ def test_chat_stores_statements_answers_questions_and_persists(tmp_path):
     assert [r["subject"] for r in reopened.records()] == ["Alice"] and len(saved) == 2
 
 
+def test_chat_keeps_an_empty_read_with_keep_empty():
+    from memllm_jax.decode.chat_cli import chat_session
+
+    model = PolicyModel(chat_policy, TOK.vocab_size)
+    for keep, status in ((True, "kept"), (False, "removed (empty)")):
+        out = io.StringIO()
+        chat_session(model, model, TOK, TripleMemory(HashEncoder(16)), ["Where does Alice live?"], out,
+                     show_memory=True, keep_empty=keep)
+        assert f"result: []  -> {status}" in out.getvalue()
+
+
 def test_memory_stage_reports_precision_before_and_after_grounding(monkeypatch, tmp_path):
     """The pipeline's evaluation write (`experiments.stages._write_eval`) with `write.grounded`: the scripted
     `a>>r>>b` is kept for the sentence that names both, dropped for the one that names neither, and the report

@@ -76,6 +76,28 @@ def test_empty_result_removes_call_and_bans_reopening():
     assert res.n_generated == len("ab") + 1 + len("x>>r>>") + 1 + len("cd") + 1
 
 
+def test_empty_result_is_kept_closed_with_nothing_with_keep_empty():
+    """Memory-aware reading: the memory's empty answer `})` is fed like any result and the model goes on after it;
+    the same model without `keep_empty` has the call removed."""
+    mem = FakeMemory({})
+    model = scripted("ab({MEM_READ(q>>r>>)-->})cd", "abcd")
+    [res] = run(model, mem, keep_empty=True)
+    assert res.token_ids == TOK.encode("ab({MEM_READ(q>>r>>)-->})cd") + [EOS]
+    assert res.token_kinds == "g" * len(TOK.encode("ab({MEM_READ(q>>r>>)-->")) + "a" + "ggg"
+    assert res.plain_text == "abcd" and protocol.parse_read_result(res.text) == ()
+    [call] = res.calls
+    assert not call.removed and call.reason == "" and call.result == () and len(mem.calls) == 1
+    [default] = run(model, FakeMemory({}))
+    assert default.text == "abcd" and default.calls[0].reason == "empty"
+
+
+def test_keep_empty_still_removes_too_large_and_malformed_calls():
+    mem = FakeMemory({("z", "r", None): [f"e{i}" for i in range(31)]})
+    for call, reason in (("z>>r>>", "too_large"), ("x>>r", "malformed")):
+        [res] = run(scripted(f"ab({{MEM_READ({call})-->}})cd", "abcd"), mem, keep_empty=True)
+        assert res.text == "abcd" and res.calls[0].removed and res.calls[0].reason == reason
+
+
 def test_too_many_results_removes_call():
     mem = FakeMemory({("x", "r", None): [f"e{i}" for i in range(31)]})
     [res] = run(scripted("ab({MEM_READ(x>>r>>)-->", "abcd"), mem)

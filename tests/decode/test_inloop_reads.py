@@ -85,6 +85,27 @@ def test_concrete_tokens_of_a_kept_call_and_of_removed_calls():
     assert [(c.reason, c.repeated) for c in res.calls] == [("new_call", False), ("", True)]
 
 
+@pytest.mark.slow
+def test_empty_read_kept_in_the_loop_as_on_the_host_path():
+    """`keep_empty`: the in-loop path feeds the empty answer `})` as a forced token and keeps the call, with the
+    host path's tokens; a kept empty call is removed like any other when the model opens a new one; the default
+    removes it."""
+    model = scripted("ab({MEM_READ(q>>r>>)-->})cd", "abcd")
+    host, inloop, host_mem, inloop_mem = _both(model, FACTS, keep_empty=True)
+    _assert_same(host, inloop, host_mem, inloop_mem)
+    [res] = inloop
+    assert res.token_ids == TOK.encode("ab({MEM_READ(q>>r>>)-->})cd") + [EOS]
+    assert res.token_kinds == "g" * len(TOK.encode("ab({MEM_READ(q>>r>>)-->")) + "a" + "ggg"
+    assert [(c.reason, c.result, c.removed) for c in res.calls] == [("", (), False)]
+    [default] = generate_with_memory(model, TOK, FakeMemory(FACTS), ["Q|"], 60, chunk=8, reads="in_loop")
+    assert default.text == "abcd" and default.calls[0].reason == "empty"
+    reopen = scripted("a({MEM_READ(q>>r>>)-->})b({MEM_READ(", "ab({MEM_READ(x>>r>>)-->Paris})c")
+    host, inloop, host_mem, inloop_mem = _both(reopen, FACTS, keep_empty=True)
+    _assert_same(host, inloop, host_mem, inloop_mem)
+    assert inloop[0].text == "ab({MEM_READ(x>>r>>)-->Paris})c"
+    assert [(c.reason, c.result) for c in inloop[0].calls] == [("new_call", ()), ("", ("Paris",))]
+
+
 BATCH = ["ab({MEM_READ(x>>r>>)-->Paris})cd", "ac({MEM_READ(y>>r>>)-->Rome;Oslo})e", "abcdefghijklmnopqrstuvwxyz",
          "ab({MEM_READ(q>>r>>)-->", "({MEM_READ(z>>r>>)-->", "xy({MEM_READ(x>>r)-->",
          "a({MEM_READ(x>>r>>)-->Paris})b({MEM_READ(x>>r>>)-->Paris})c", "({MEM_READ(>>r>>w)-->Kyiv})({MEM_READ(y>>r>>)-->",

@@ -305,3 +305,84 @@ def test_rows_stop_once_their_answer_is_complete_with_the_answers_of_the_whole_b
     assert editing.answer_questions(model, tok, mem, questions, shots, max_new_tokens=60, batch_size=2,
                                     style=style) == got
     assert [f for f, _ in finished] == ["budget"] * 3
+
+
+def _cloze_reader(on_empty: str):
+    """A scripted reader of cloze questions "<Name> worked for": its forced read asks <Name, employer, *>; it
+    answers " <result>." after a result, `on_empty` after an empty result kept in its context, and " Rome Inc."
+    when the read was removed (it answers from its "weights")."""
+    from memllm_jax.decode.scripted import PolicyModel
+
+    tok = CharTokenizer()
+    mr, rend, cend = (tok.marker_id[m] for m in (protocol.MEM_READ, protocol.READ_END, protocol.CALL_END))
+
+    def policy(ctx):
+        if mr not in ctx:
+            plain = tok.decode(ctx[1:])
+            if " worked for" not in plain:  # a prefix of the prompt
+                return [tok.eos_id]
+            text, after = " Rome Inc.", plain[plain.index(" worked for") + len(" worked for"):]
+        else:
+            k = len(ctx) - 1 - ctx[::-1].index(mr)
+            gen = ctx[k + 1:]
+            if rend not in gen:  # in the forced call: ask about the question's subject
+                query = tok.encode(tok.decode(ctx[1:k]).split(" worked for")[0] + ">>employer>>") + [rend]
+                return [query[len(gen)]]
+            if cend not in gen:  # the memory answers here
+                return [tok.eos_id]
+            result, after = tok.decode(gen[gen.index(rend) + 1:gen.index(cend)]), tok.decode(gen[gen.index(cend) + 1:])
+            text = f" {result}." if result else on_empty
+        return tok.encode(text[len(after)]) if len(after) < len(text) else [tok.eos_id]
+
+    return PolicyModel(policy, tok.vocab_size), tok
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("on_empty, keep_empty, abstained, named", [
+    (" unknown.", True, 1.0, 0.0), (" Rome Inc.", True, 0.0, 1.0), (" unknown.", False, 0.0, 1.0)],
+    ids=["abstains", "names_a_guess", "abstains_but_the_read_is_removed"])
+def test_absent_facts_block(on_empty, keep_empty, abstained, named, monkeypatch):
+    """Questions about facts the sequential memory does not hold: a reader that says "unknown" after an empty read
+    abstains on all of them when the empty read stays in its context, and names a guess when it is removed (the
+    paper's reading); a reader that names something names a guess. REL / GEN on the present fact stay 1."""
+    from memllm_jax.eval.abstention import ABSENT_KEY, AbsentQuestion
+    from memllm_jax.memory.encoder import load_encoder
+    from experiments.tables import table3_markdown
+
+    model, tok = _cloze_reader(on_empty)
+    monkeypatch.setattr(editing, "extract_edits", lambda *a, **k: [[protocol.Triple("Ann", "employer", "Kerek Group")]])
+    recs = [EditRecord("Ann worked for ", "Ann worked for ", "Kerek Group", "Bo worked for ",
+                       statement="Ann worked for Kerek Group.")]
+    absent = [AbsentQuestion("Cy worked for ", "Rome Inc"), AbsentQuestion("Di worked for ", "Oslo Ltd")]
+    res = editing.evaluate_editing(model, model, tok, load_encoder("hash:16"), recs, regimes=("sequential",),
+                                   style="cloze", max_new_tokens=40, batch_size=2, absent=absent,
+                                   keep_empty=keep_empty)
+    block = res[ABSENT_KEY]
+    assert (block.abstention, block.named_guess, block.empty_reads) == (abstained, named, 1.0)
+    assert block.correct_guess == (0.5 if named else 0.0)  # "Rome Inc" is Cy's employer all the same
+    assert [e["answer"] for e in block.examples] == ["unknown" if abstained else "Rome Inc"] * 2
+    assert (block.rel_present, block.gen_present) == (1.0, 1.0) == (res["sequential"].rel, res["sequential"].gen)
+    md = table3_markdown({k: v.to_json() for k, v in res.items()})
+    assert "**Absent facts** — 2 questions" in md
+    assert f"| MemLLM (ours, sequential) | {abstained:.2f} | {named:.2f} |" in md
+    assert ("kept in the context" in md) == keep_empty
+    assert "absent" not in editing.evaluate_editing(model, model, tok, load_encoder("hash:16"), recs,
+                                                    regimes=("sequential",), style="cloze", max_new_tokens=40)
+
+
+def test_absent_questions_ask_about_subjects_no_edit_names():
+    from data_gen.edits import absent_questions, synthetic_edits
+
+    T = protocol.Triple
+    people = ["Ann Vu", "Bo Vu", "Cy Ra", "Di Ra", "Eve Lo", "Fay Lo"]
+    gold = [T(p, "employer", org) for p, org in zip(people, ["Kerek Group", "Rome Inc"] * 3)]
+    gold += [T(p, "country of citizenship", c) for p, c in zip(people, ["Gabuthia", "Digrelland"] * 3)]
+    records = synthetic_edits(gold, 2)
+    questions = absent_questions(gold, records, 20)
+    edited = {p for p in people if any(p in r.statement for r in records)}
+    assert edited and questions and len(questions) == 2 * (len(people) - len(edited))
+    for q in questions:
+        subject = next(p for p in people if q.question.startswith(p))
+        assert subject not in edited and T(subject, next(t.relation for t in gold if t.subject == subject
+                                                         and t.object == q.answer), q.answer) in gold
+    assert absent_questions(gold, records, 0) == [] and len(absent_questions(gold, records, 3)) == 3

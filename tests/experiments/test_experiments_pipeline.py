@@ -137,12 +137,16 @@ def test_synthetic_edits_of_the_pipeline(tmp_path, heldout_world):
 
     # the shared world's 10 evaluation and outside documents allow 25 edits that contradict no other one
     cfg = tiny({"data.synth_docs": 60, "data.eval_docs": 5, "data.outside_docs": 5, "editing.n_edits": 20,
-                "data.heldout_world": heldout_world})
+                "data.heldout_world": heldout_world, "editing.absent_questions": 5})
     said = []
     pipe = Pipeline(cfg, tmp_path, said.append)
     pipe.run(("corpus",))
-    records = _synthetic_edit_records(pipe)
-    assert len(records) == 20
+    absent = []
+    records = _synthetic_edit_records(pipe, absent)
+    assert len(records) == 20 and _synthetic_edit_records(pipe) == records
+    # questions about the same documents' facts that no edit sentence names
+    assert len(absent) == 5 and all(q.answer for q in absent)
+    assert not {q.question for q in absent} & {r.src for r in records}
     names = tuple({e.name for split in ("train", "eval", "outside") for d in _documents(pipe, split)
                    for e in d.entities if not e.name[:1].isdigit()})
     subject_in_corpus = [r.src.startswith(names) for r in records]

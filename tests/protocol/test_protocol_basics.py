@@ -31,3 +31,18 @@ def test_truncated_write_keeps_only_items_closed_by_separator():
     whole_items = P.parse_write_call("({MEM_WRITE-->a>>r>>b;c>>r>>d;")
     assert whole_items.items == (P.Triple("a", "r", "b"), P.Triple("c", "r", "d")) and not whole_items.complete
     assert P.parse_write_call("({MEM_WRITE-->a>>r>>b").items == ()  # the only item is unfinished
+
+
+def test_empty_read_kept_in_the_context_format_and_parse():
+    queries = [P.Query("Ann Vu", "employer", None)]
+    empty = P.format_empty_read(queries)
+    assert empty == "({MEM_READ(Ann Vu>>employer>>)-->})"
+    assert P.parse_read_call(empty).items == tuple(queries)
+    assert P.parse_read_result("Ann worked for" + empty + " " + P.ABSTAIN) == ()
+    assert P.parse_read_result(P.format_read_call(queries) + P.format_read_result(["Kerek", "a;b"])) == ("Kerek", "a;b")
+    assert P.parse_read_result(P.format_read_call(queries)) is None  # not answered yet
+    assert P.parse_read_result("no call") is None
+    # the last call counts; the phrase is plain text, left by strip_calls
+    assert P.parse_read_result(empty + P.format_read_call(queries) + "X})") == ("X",)
+    assert P.strip_calls("Ann worked for" + empty + " " + P.ABSTAIN + ".") == "Ann worked for unknown."
+    assert P.ABSTAIN not in P.MARKERS and P.escape_text(P.ABSTAIN) == P.ABSTAIN
