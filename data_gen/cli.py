@@ -8,7 +8,7 @@ import pathlib
 import sys
 import time
 
-from data_gen.relations import DEFAULT_REL_INFO, load_relation_labels
+from memllm_jax.docred import DEFAULT_REL_INFO, load_relation_labels
 from memllm_jax.errors import InputError
 
 MEMLLM_LABELS = DEFAULT_REL_INFO.parent / "rel_labels_memllm.json"

@@ -11,7 +11,8 @@ from data_gen.gold_memory import GoldLookup
 from data_gen.read_examples import (context_free_records, iter_read_examples, misread, question_form_records, read_records,
                                     scan_read_points)
 from data_gen.relation_questions import GENERIC_TEMPLATES, QUESTIONS_BY_PID
-from data_gen.relations import DEFAULT_REL_INFO, ambiguous_label_filter, is_ambiguous, load_relation_labels
+from data_gen.relations import ambiguous_label_filter, is_ambiguous
+from memllm_jax.docred import DEFAULT_REL_INFO, load_relation_labels
 from data_gen.write_examples import (context_free_items, iter_write_examples, question_form_items, taught_triples,
                                      write_coverage)
 from memllm_jax import protocol as P

@@ -259,7 +259,7 @@ def test_rows_stop_once_their_answer_is_complete_with_the_answers_of_the_whole_b
     line break), and extracts what generating to the end of the budget gives."""
     from memllm_jax.decode import reader
     from memllm_jax.config import EDITING_MEMORY
-    from memllm_jax.decode.scripted import PolicyModel
+    from tests.support.scripted import PolicyModel
     from memllm_jax.memory import TripleMemory
     from memllm_jax.memory.encoder import load_encoder
 

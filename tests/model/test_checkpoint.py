@@ -90,7 +90,7 @@ def test_convert_cli_both_directions(tmp_path):
     from safetensors.numpy import load_file
 
     from memllm_jax.cli import main
-    from memllm_jax.model.testing import save_hf_mistral
+    from tests.support.hf_models import save_hf_mistral
 
     save_hf_mistral(CFG, tmp_path / "hf", seed=3)
     assert main(["convert", "hf-to-orbax", str(tmp_path / "hf"), str(tmp_path / "ckpt")]) == 0
