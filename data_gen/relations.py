@@ -9,8 +9,6 @@ never fired.
 
 from __future__ import annotations
 
-from memllm_jax.protocol import Query
-
 # Table 4, subject queries <*, t, e_o> (the target is the subject): answering them lists many subjects.
 AMBIGUOUS_SUBJECT_QUERY_PIDS: frozenset[str] = frozenset({
     "P27",    # country of citizenship
@@ -44,15 +42,3 @@ AMBIGUOUS_OBJECT_QUERY_PIDS: frozenset[str] = frozenset({"P150"})  # contains ad
 def is_ambiguous(pid: str, target_is_subject: bool) -> bool:
     """Appendix B: drop the query for this relation when it asks for the subject (or, for P150, the object)."""
     return pid in (AMBIGUOUS_SUBJECT_QUERY_PIDS if target_is_subject else AMBIGUOUS_OBJECT_QUERY_PIDS)
-
-
-def ambiguous_label_filter(*label_maps: dict[str, str]):
-    """A label-level filter `f(Query) -> bool` matching every given label variant of the Table 4 relations."""
-    subject_labels = {m[p].lower() for m in label_maps for p in AMBIGUOUS_SUBJECT_QUERY_PIDS if p in m}
-    object_labels = {m[p].lower() for m in label_maps for p in AMBIGUOUS_OBJECT_QUERY_PIDS if p in m}
-
-    def is_ambiguous_query(query: Query) -> bool:
-        label = query.relation.strip().lower()
-        return label in (object_labels if query.is_object_query else subject_labels)
-
-    return is_ambiguous_query

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from memllm_jax.checkpoint import read_configs, restore_params, save_params
+from memllm_jax.checkpoint import read_stored, restore_params, save_params
 from memllm_jax.config import LoraConfig, MeshConfig, ModelConfig
 from memllm_jax.model.lora import lora_modules
 from memllm_jax.model.decoder import Decoder
@@ -43,8 +43,9 @@ def test_save_restore_sharded_into_other_mesh(tmp_path):
     model = nnx.merge(graphdef, jax.device_put(state, state_shardings(state, mesh_a)))
     expected = np.asarray(fwd(model))
     save_params(tmp_path, 3, model)
-    cfg, lora, step = read_configs(tmp_path)
-    assert (cfg, lora, step) == (CFG, LORA, 3)
+    stored = read_stored(tmp_path)
+    cfg, lora = stored.model, stored.lora
+    assert (cfg, lora, stored.step) == (CFG, LORA, 3)
     mesh_b = make_mesh(MeshConfig(1, 4, 2))
     restored = restore_params(tmp_path, abstract_model(cfg, lora, mesh_b))
     q = restored.layers.attn.q.kernel[...]
@@ -127,4 +128,4 @@ def test_checkpoint_without_scan_field_reads_as_unrolled(tmp_path):
     stored = json.loads(config_file.read_text())
     del stored["model"]["scan_layers"]
     config_file.write_text(json.dumps(stored))
-    assert read_configs(tmp_path)[0].scan_layers is False
+    assert read_stored(tmp_path).model.scan_layers is False
