@@ -215,7 +215,8 @@ def score(predictions: Sequence[bool | None], golds: Sequence[bool]) -> dict[str
             "unparsed": sum(p is None for p in predictions)}
 
 
-def to_judge(docs: Sequence[Mapping], labels: Mapping[str, str], only_missing_evidence: bool = False) -> list[Candidate]:
+def to_judge(docs: Sequence[Mapping], labels: Mapping[str, str],
+             only_missing_evidence: bool = False) -> list[Candidate]:
     """Every candidate sentence of every relation of `docs`; with `only_missing_evidence`, only those of the
     relations without annotated evidence (Re-DocRED: the annotated ones are kept untouched)."""
     return [c for i, d in enumerate(docs) for c in candidates(d, i, labels)
