@@ -16,6 +16,8 @@ import portpicker
 import pytest
 from flax import nnx
 
+from memllm_jax.config import LoraConfig, MeshConfig, ModelConfig
+from memllm_jax.train.config import TrainConfig
 from tests.support.train_fixtures import make_tokenizer, write_jsonl, write_records
 
 TESTS = pathlib.Path(__file__).parent
@@ -24,7 +26,7 @@ TIMEOUT_S = 300
 STEPS = 4
 
 CONFIG = '''
-from memllm_jax.config import TINY, LoraConfig, MeshConfig, ModelConfig
+from memllm_jax.config import TINY, MeshConfig
 from memllm_jax.train.config import TrainConfig
 
 
