@@ -8,8 +8,8 @@ import pathlib
 import sys
 import time
 
-from data_gen.relations import DEFAULT_REL_INFO, load_relation_labels
 from memllm_jax import protocol
+from memllm_jax.docred import DEFAULT_REL_INFO, load_relation_labels
 from memllm_jax.errors import InputError
 
 MEMLLM_LABELS = DEFAULT_REL_INFO.parent / "rel_labels_memllm.json"
@@ -216,8 +216,7 @@ def _filter(args) -> int:
     if args.score:
         cands = DF.balanced_test_set(docs, labels, args.score, args.seed)
     else:
-        cands = [c for i, d in enumerate(docs) for c in DF.candidates(d, i, labels)
-                 if not (args.only_missing_evidence and d["labels"][c.relation].get("evidence"))]
+        cands = DF.to_judge(docs, labels, args.only_missing_evidence)
     prompts = [DF.build_prompt(c.context, c.focus, c.head, c.label, c.tail) for c in cands]
     if args.prompts:
         write_jsonl(args.prompts, ({"doc": c.doc, "relation": c.relation, "sent_id": c.sent_id, "gold": c.gold,
@@ -256,23 +255,12 @@ def _filter(args) -> int:
         print("| precision | recall | F1 | accuracy | n | unparsed |\n|---|---|---|---|---|---|\n"
               f"| {s['precision']:.3f} | {s['recall']:.3f} | {s['f1']:.3f} | {s['accuracy']:.3f} | {s['n']} | {s['unparsed']} |")
     if args.out:
-        yes: dict[tuple[int, int], list[int]] = {}
-        judged = {(c.doc, c.relation) for c in cands}
-        for c, a in zip(cands, answers):
-            if a:
-                yes.setdefault((c.doc, c.relation), []).append(c.sent_id)
         kept = dropped = 0
         with JsonArrayWriter(args.out) as w:
-            for i, d in enumerate(docs):
-                new = []
-                for r_i, lab in enumerate(d.get("labels", [])):
-                    if (i, r_i) not in judged:
-                        new.append(lab)
-                    elif (i, r_i) in yes:
-                        new.append({**lab, "evidence": sorted(set(yes[(i, r_i)]))})
-                kept += len(new)
-                dropped += len(d.get("labels", [])) - len(new)
-                w.write({**d, "labels": new})
+            for d, new in zip(docs, DF.relabel(docs, cands, answers)):
+                kept += len(new["labels"])
+                dropped += len(d.get("labels", [])) - len(new["labels"])
+                w.write(new)
         print(f"kept {kept} relations, dropped {dropped}; wrote {args.out}")
     return 0
 

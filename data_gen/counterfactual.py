@@ -10,7 +10,7 @@ Pronoun mentions are kept as they are.
 from __future__ import annotations
 
 import random
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Mapping
 
 from data_gen.docred import PRONOUNS
 
@@ -102,14 +102,3 @@ def replace_entities(doc: Mapping, mapping: Mapping[tuple[str, str], str]) -> di
     out = dict(doc)
     out.update(sents=sents, vertexSet=vertex, title=f"{doc.get('title', '')}")
     return out
-
-
-def counterfactual_variants(docs: list[Mapping], n_variants: int, seed: int = 0) -> Iterator[dict]:
-    """Yield n_variants x len(docs) documents; each carries "variant" and the original "title"."""
-    pools = name_pools(docs)
-    for v in range(n_variants):
-        mapping = permutation(pools, seed, v)
-        for d in docs:
-            out = replace_entities(d, mapping)
-            out["variant"] = v
-            yield out

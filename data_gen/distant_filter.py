@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from data_gen.docred import PRONOUNS
 
@@ -215,26 +215,30 @@ def score(predictions: Sequence[bool | None], golds: Sequence[bool]) -> dict[str
             "unparsed": sum(p is None for p in predictions)}
 
 
+def to_judge(docs: Sequence[Mapping], labels: Mapping[str, str],
+             only_missing_evidence: bool = False) -> list[Candidate]:
+    """Every candidate sentence of every relation of `docs`; with `only_missing_evidence`, only those of the
+    relations without annotated evidence (Re-DocRED: the annotated ones are kept untouched)."""
+    return [c for i, d in enumerate(docs) for c in candidates(d, i, labels)
+            if not (only_missing_evidence and d["labels"][c.relation].get("evidence"))]
+
+
+def relabel(docs: Sequence[Mapping], cands: Sequence[Candidate], answers: Sequence[bool | None]) -> Iterator[dict]:
+    """`docs` with every judged relation kept when the model found evidence in at least one of its candidate
+    sentences (which become its evidence) and dropped otherwise; relations not judged are kept as they are."""
+    yes: dict[tuple[int, int], list[int]] = {}
+    for c, a in zip(cands, answers):
+        if a:
+            yes.setdefault((c.doc, c.relation), []).append(c.sent_id)
+    judged = {(c.doc, c.relation) for c in cands}
+    for i, d in enumerate(docs):
+        new = [lab if (i, r_i) not in judged else {**lab, "evidence": sorted(set(yes[(i, r_i)]))}
+               for r_i, lab in enumerate(d.get("labels", [])) if (i, r_i) not in judged or (i, r_i) in yes]
+        yield {**d, "labels": new}
+
+
 def filter_documents(docs: Sequence[Mapping], labels: Mapping[str, str], generate_fn: GenerateFn,
                      only_missing_evidence: bool = False, batch_size: int = 8) -> list[dict]:
-    """Keep a relation when the model finds evidence in at least one candidate sentence; its evidence becomes
-    those sentences. With `only_missing_evidence`, annotated relations are kept untouched (Re-DocRED)."""
-    out = []
-    for d_i, d in enumerate(docs):
-        cands = [c for c in candidates(d, d_i, labels)
-                 if not (only_missing_evidence and d["labels"][c.relation].get("evidence"))]
-        answers = judge(cands, generate_fn, batch_size) if cands else []
-        yes: dict[int, list[int]] = {}
-        judged = {c.relation for c in cands}
-        for c, a in zip(cands, answers):
-            if a:
-                yes.setdefault(c.relation, []).append(c.sent_id)
-        new_labels = []
-        for r_i, lab in enumerate(d.get("labels", [])):
-            if r_i not in judged:
-                if not (only_missing_evidence and not lab.get("evidence")):
-                    new_labels.append(lab)
-            elif r_i in yes:
-                new_labels.append({**lab, "evidence": sorted(set(yes[r_i]))})
-        out.append({**d, "labels": new_labels})
-    return out
+    """`relabel(docs)` by the model's answers (`generate_fn`) for the candidates `to_judge`."""
+    cands = to_judge(docs, labels, only_missing_evidence)
+    return list(relabel(docs, cands, judge(cands, generate_fn, batch_size)))

@@ -14,6 +14,7 @@ import os
 from typing import Iterable, Iterator, Mapping
 
 from data_gen.io import iter_json_array
+from memllm_jax.docred import detokenize
 from memllm_jax.errors import InputError
 
 PRONOUNS: frozenset[str] = frozenset(
@@ -21,10 +22,6 @@ PRONOUNS: frozenset[str] = frozenset(
     "himself herself itself themselves this that these those who whom whose which".split()
 )
 """Mentions whose text is one of these are pronoun mentions, not full mentions (paper §3.3)."""
-
-_NO_SPACE_BEFORE = frozenset(". , ; : ! ? ) ] } % 's 'S n't 're 've 'll 'd 'm ’s ’ ” …".split())
-_NO_SPACE_AFTER = frozenset("( [ { $ “ ‘".split())
-
 
 class DocumentError(InputError):
     """A malformed document; the message names the file, the document index and the field."""
@@ -106,39 +103,6 @@ def sentence_document(doc: Document, sent_id: int) -> Document:
                      for e in doc.entities)
     return dataclasses.replace(doc, text=doc.text[s0:s1], sentences=((0, s1 - s0),),
                                tokens=(tuple(shift(t) for t in doc.tokens[sent_id]),), entities=entities)
-
-
-def detokenize(sents: list[list[str]]) -> tuple[str, list[tuple[int, int]], list[list[tuple[int, int]]]]:
-    """Join tokens into readable text; returns (text, sentence spans, token spans)."""
-    parts: list[str] = []
-    length = 0
-    sent_spans: list[tuple[int, int]] = []
-    tok_spans: list[list[tuple[int, int]]] = []
-    open_quote = False
-    prev = None
-    for sent in sents:
-        spans = []
-        sent_start = None
-        for tok in sent:
-            if tok == '"':
-                space = prev is not None and (not open_quote) and prev not in _NO_SPACE_AFTER
-                open_quote = not open_quote
-            else:
-                space = prev is not None and tok not in _NO_SPACE_BEFORE and prev not in _NO_SPACE_AFTER
-                if prev == '"' and open_quote:
-                    space = False
-            if space:
-                parts.append(" ")
-                length += 1
-            spans.append((length, length + len(tok)))
-            if sent_start is None:
-                sent_start = length
-            parts.append(tok)
-            length += len(tok)
-            prev = tok
-        sent_spans.append((sent_start if sent_start is not None else length, length))
-        tok_spans.append(spans)
-    return "".join(parts), sent_spans, tok_spans
 
 
 def _err(source: str, index: int, title: object, field: str, msg: str) -> DocumentError:

@@ -233,10 +233,6 @@ def read_records(doc: Document, points: Sequence[ReadPoint]) -> Iterator[dict]:
         }
 
 
-def iter_read_examples(doc: Document, query_fn: QueryFn | None, **kwargs) -> Iterator[dict]:
-    yield from read_records(doc, scan_read_points(doc, query_fn, **kwargs))
-
-
 def context_free_records(doc: Document, query_fn: QueryFn | None, n: int, seed: int = 0, misread_rate: float = 0.0,
                          **kwargs) -> list[dict]:
     """The read examples of up to `n` sentences after the first, each alone (`sentence_document`), drawn at random

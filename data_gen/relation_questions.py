@@ -4,7 +4,7 @@ Written for this project from the meaning of each Wikidata property in DocRED's 
 the triple's head, the answer its tail): "Where was {subject} born?" for P19 rather than the label's literal
 "What is the place of birth of {subject}?". The question-form memory-write and memory-read examples draw from
 them, so that a model learns which relation a question asks about from how people phrase it, not only from
-questions that spell the label out. Keyed by P-id so that either label set (`relations.load_relation_labels`)
+questions that spell the label out. Keyed by P-id so that either label set (`memllm_jax.docred.load_relation_labels`)
 uses them; a relation without an entry falls back to `GENERIC_TEMPLATES`.
 """
 

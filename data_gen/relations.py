@@ -9,14 +9,6 @@ never fired.
 
 from __future__ import annotations
 
-import os
-import pathlib
-
-from memllm_jax.errors import InputError, load_json
-from memllm_jax.protocol import Query
-
-DEFAULT_REL_INFO = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "docred" / "rel_info.json"
-
 # Table 4, subject queries <*, t, e_o> (the target is the subject): answering them lists many subjects.
 AMBIGUOUS_SUBJECT_QUERY_PIDS: frozenset[str] = frozenset({
     "P27",    # country of citizenship
@@ -47,29 +39,6 @@ AMBIGUOUS_SUBJECT_QUERY_PIDS: frozenset[str] = frozenset({
 AMBIGUOUS_OBJECT_QUERY_PIDS: frozenset[str] = frozenset({"P150"})  # contains administrative territorial entity
 
 
-def load_relation_labels(path: str | os.PathLike | None = None) -> dict[str, str]:
-    """P-id -> label from a JSON object file (`rel_info.json` or `rel_labels_memllm.json`)."""
-    path = pathlib.Path(path) if path is not None else DEFAULT_REL_INFO
-    if not path.is_file():
-        raise InputError(f"{path}: relation label file not found")
-    labels = load_json(path)
-    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
-        raise InputError(f"{path}: expected a JSON object mapping relation ids (e.g. 'P17') to label strings")
-    return labels
-
-
 def is_ambiguous(pid: str, target_is_subject: bool) -> bool:
     """Appendix B: drop the query for this relation when it asks for the subject (or, for P150, the object)."""
     return pid in (AMBIGUOUS_SUBJECT_QUERY_PIDS if target_is_subject else AMBIGUOUS_OBJECT_QUERY_PIDS)
-
-
-def ambiguous_label_filter(*label_maps: dict[str, str]):
-    """A label-level filter `f(Query) -> bool` matching every given label variant of the Table 4 relations."""
-    subject_labels = {m[p].lower() for m in label_maps for p in AMBIGUOUS_SUBJECT_QUERY_PIDS if p in m}
-    object_labels = {m[p].lower() for m in label_maps for p in AMBIGUOUS_OBJECT_QUERY_PIDS if p in m}
-
-    def is_ambiguous_query(query: Query) -> bool:
-        label = query.relation.strip().lower()
-        return label in (object_labels if query.is_object_query else subject_labels)
-
-    return is_ambiguous_query

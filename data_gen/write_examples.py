@@ -176,12 +176,6 @@ def write_record(doc: Document, item: WriteItem) -> dict:
     }
 
 
-def iter_write_examples(doc: Document, pretext_sentences: int | None = DEFAULT_PRETEXT_SENTENCES,
-                        evidence: bool = False) -> Iterator[dict]:
-    for item in iter_write_items(doc, pretext_sentences, evidence):
-        yield write_record(doc, item)
-
-
 def taught_triples(docs: Iterable[Document], pretext_sentences: int | None = DEFAULT_PRETEXT_SENTENCES,
                    evidence: bool = False) -> list[P.Triple]:
     """Every triple the sentences' memory-write examples of `docs` hold (`iter_write_items`): what a memory-write

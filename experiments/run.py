@@ -58,6 +58,8 @@ def load_config_module(spec: str):
     try:
         return importlib.import_module(f"experiments.configs.{spec}")
     except ModuleNotFoundError as exc:
+        if exc.name not in (f"experiments.configs.{spec}", "experiments.configs", "experiments"):
+            raise  # the config imports something missing: a bug or an environment problem, not a bad name
         raise SystemExit(f"{spec}: no such experiment config (experiments/configs/{spec}.py)") from exc
 
 

@@ -140,12 +140,6 @@ def read_stored(directory: str | os.PathLike, step: int | None = None) -> Stored
     return Stored(ModelConfig(**model), lora_cfg, step, stored.get("base"), tok if tok.is_dir() else None)
 
 
-def read_configs(directory: str | os.PathLike, step: int | None = None) -> tuple[ModelConfig, LoraConfig | None, int]:
-    """`(ModelConfig, LoraConfig | None, step)` stored with a checkpoint (default: the latest step)."""
-    s = read_stored(directory, step)
-    return s.model, s.lora, s.step
-
-
 def stored_steps(directory: str | os.PathLike) -> list[int]:
     """The steps a checkpoint directory holds, ascending (e.g. a training run's exports and its final step)."""
     manager = _manager(directory, read_only=True)

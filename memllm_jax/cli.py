@@ -18,7 +18,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("experiments.run", "run the embedded-default main job, an experiment config or a sweep"),
     "data": ("data_gen.cli", "synthesize corpora and build write / read / eval examples"),
-    "train": ("memllm_jax.train.cli", "pretrain or LoRA-finetune from an experiment config"),
+    "train": ("experiments.train_cli", "pretrain or LoRA-finetune from an experiment config"),
     "memory": ("memllm_jax.memory.cli", "create, import, export, query and inspect a triple memory"),
     "generate": ("memllm_jax.decode.generate_cli", "generate text with memory reads"),
     "chat": ("memllm_jax.decode.chat_cli", "interactive chat with a persistent memory"),

@@ -8,7 +8,6 @@ static arguments of `jax.jit`), compared, printed and overridden with `dataclass
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 from typing import ClassVar
 
@@ -222,21 +221,6 @@ PRESETS: dict[str, ModelConfig] = {
     "default_tiny": DEFAULT_TINY,
     "smollm2_135m": SMOLLM2_135M,
 }
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring written under each field of a config dataclass (used by `--help` listings)."""
-    import inspect
-
-    source = inspect.getsource(cls)
-    tree = ast.parse(source)
-    docs: dict[str, str] = {}
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant):
-                docs[node.target.id] = str(nxt.value.value)
-    return docs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,7 @@ import numpy as np
 from memllm_jax import protocol
 from memllm_jax.errors import InputError
 from memllm_jax.files import atomic_write_text
+from memllm_jax.model.gguf import resolve_model_dir
 
 BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
 
@@ -145,8 +146,6 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
 
     p = pathlib.Path(path)
     if str(p).lower().endswith(".gguf"):  # a llama.cpp file: its tokenizer, converted once (model.gguf)
-        from memllm_jax.model.gguf import resolve_model_dir  # noqa: PLC0415
-
         p = resolve_model_dir(p)
     ours = p / "memllm_tokenizer.json" if p.is_dir() else p.parent / "memllm_tokenizer.json"
     if ours.exists():

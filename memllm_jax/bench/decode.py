@@ -20,7 +20,9 @@ interleaved in the same run (bench/timing.py); figures are medians with the half
 from __future__ import annotations
 
 import argparse
+import re
 import tempfile
+from typing import Sequence
 
 import numpy as np
 
@@ -34,13 +36,38 @@ WRITE_NEW_TOKENS = 48
 """Token budget of every write contender."""
 
 
+class CharTokenizer:
+    """Markers are single ids 3..8; every other character is its own id (code point + offset)."""
+
+    pad_id, bos_id, eos_id = 0, 1, 2
+
+    def __init__(self, alphabet: str | None = None, extra: Sequence[str] = ()):
+        """`extra`: multi-character tokens, matched (longest first) before single characters."""
+        alphabet = alphabet or "".join(chr(c) for c in range(32, 127)) + protocol.ESC
+        self.marker_id = {m: 3 + i for i, m in enumerate(protocol.MARKERS)}
+        self._pieces = tuple(protocol.MARKERS) + tuple(sorted(extra, key=len, reverse=True))
+        symbols = list(alphabet) + [e for e in extra if e not in alphabet]
+        self._char_id = {c: 3 + len(protocol.MARKERS) + i for i, c in enumerate(symbols)}
+        self._id_str = {v: k for k, v in {**self.marker_id, **self._char_id}.items()}
+        self.vocab_size = 3 + len(protocol.MARKERS) + len(symbols)
+        # At each position the first of the pieces that matches (markers, then extras longest first), else
+        # one character; a regex alternation tries its branches in that order.
+        self._split = re.compile("|".join(map(re.escape, self._pieces)) + "|.", re.S).findall
+        self._id = {**self._char_id, **self.marker_id}
+
+    def encode(self, text: str) -> list[int]:
+        return [self._id[piece] for piece in self._split(text)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self._id_str.get(int(t), "") for t in ids)
+
+
 def build(cfg_kwargs: dict, seed: int = 0):
     """(model, tokenizer, memory) with a scripted-by-weights Mistral."""
     import jax.numpy as jnp
     from flax import nnx
 
     from memllm_jax.config import ModelConfig
-    from memllm_jax.decode.scripted import CharTokenizer
     from memllm_jax.model.decoder import Decoder
 
     extra = WORDS + ["Rome>>", "capital of>>", "Italy", "Ada>>", "born in>>", "London", "USER"]

@@ -11,6 +11,7 @@ import datetime
 import tempfile
 
 from memllm_jax.bench.roofline import forward_flops
+from memllm_jax.config import ModelConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,6 +21,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--hf-attn", default="sdpa", choices=["sdpa", "eager"], help="HF attention implementation")
     parser.add_argument("--matmul-sizes", default="512,1024,2048", help="sides of the square matmuls for the ceiling")
+
+
+def hf_mistral(cfg: ModelConfig, seed: int = 0, dtype: str = "float32"):
+    """A random `MistralForCausalLM` (eager attention) with the shapes of `cfg`, in eval mode."""
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(seed)
+    hf_cfg = MistralConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_seq_len,
+        rms_norm_eps=cfg.norm_eps,
+        rope_theta=cfg.rope_theta,
+        sliding_window=cfg.sliding_window,
+        tie_word_embeddings=cfg.tie_embeddings,
+        attn_implementation="eager",
+    )
+    model = MistralForCausalLM(hf_cfg).to(getattr(torch, dtype)).eval()
+    # HF initialises norms to ones; randomise them so the parity test also checks the norm mapping.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    return model
 
 
 def main(args: argparse.Namespace) -> int:
@@ -33,7 +64,6 @@ def main(args: argparse.Namespace) -> int:
     from memllm_jax.bench.timing import interleaved, markdown_table, ratio_row
     from memllm_jax.config import PRESETS
     from memllm_jax.model.load import load
-    from memllm_jax.model.testing import hf_mistral
 
     torch.set_grad_enabled(False)
     configs = {name: dataclasses.replace(PRESETS[name], sliding_window=None, max_seq_len=max(args.length, 8))

@@ -7,10 +7,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import sys
+from typing import Sequence
 
-from memllm_jax import options
+from memllm_jax import options, protocol
+from memllm_jax.html import esc, table, write_page
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +48,43 @@ def format_result(prompt: str, res, show_memory: bool) -> str:
     return "\n".join(lines)
 
 
+def generation_view(prompt: str, res) -> str:
+    """One `memllm generate` result (`decode.reader.GenerationResult`): the continuation with every call still
+    in its context shown inline (queries, results), and every call in a table with its fate. Calls that were
+    removed are not in the final text, so they are listed in order without a position; losses are not
+    computed while generating, so tokens are not shaded."""
+    kept = iter([c for c in res.calls if not c.removed])
+    parts, text, i = [], res.text, 0
+    while True:
+        k = text.find(protocol.MEM_READ, i)
+        if k < 0:
+            parts.append(esc(protocol.unescape_text(text[i:])))
+            break
+        end = text.find(protocol.CALL_END, k)
+        end = len(text) if end < 0 else end + len(protocol.CALL_END)
+        parts.append(esc(protocol.unescape_text(text[i:k])))
+        call = next(kept, None)
+        res_txt = ", ".join(call.result) if call is not None and call.result else "∅"
+        parts.append(f"<span class=\"call used\" title=\"{esc(text[k:end])}\">{esc(text[k:end])} "
+                     f"<span class=\"res\">→ {esc(res_txt)}</span></span>")
+        i = end
+    rows = [(n, c.query_text, "; ".join(f"<{q.subject or '*'}, {q.relation}, {q.object or '*'}>" for q in c.queries)
+             or "–", ", ".join(c.result) or "∅", f"removed: {c.reason}" if c.removed else "kept in context",
+             "yes" if c.repeated else "no", "; ".join(c.errors) or "–") for n, c in enumerate(res.calls)]
+    calls = table(["call", "text", "queries", "results", "fate", "repeated", "errors"], rows) if rows else \
+        "<p class=\"note\">no memory calls</p>"
+    return (f"<div class=\"doc-trace\"><h3>{esc(prompt)}</h3><p class=\"note\">finish: {esc(res.finish_reason)}, "
+            f"{res.n_generated} tokens generated, {len(res.calls)} calls ({sum(c.removed for c in res.calls)} removed)"
+            f"</p><div class=\"trace\"><b>{esc(prompt)}</b>{''.join(parts)}</div>{calls}</div>")
+
+
+def generation_page(path: str | os.PathLike, prompts: Sequence[str], results: Sequence) -> pathlib.Path:
+    body = ("<h1>memllm generate</h1><p class=\"note\">The prompt in bold, then the model's text; memory calls "
+            "still in the context are shown where they stand, with their results.</p>"
+            + "".join(generation_view(p, r) for p, r in zip(prompts, results)))
+    return write_page(path, "memllm generate", body)
+
+
 def main(args: argparse.Namespace) -> int:
     from memllm_jax.errors import InputError, read_text
 
@@ -75,7 +115,5 @@ def main(args: argparse.Namespace) -> int:
     for prompt, res in zip(prompts, results):
         print(format_result(prompt, res, args.show_memory))
     if args.html:
-        from memllm_jax.eval.html import generation_page
-
         print(f"wrote {generation_page(args.html, prompts, results)}", file=sys.stderr)
     return 0

@@ -27,6 +27,7 @@ from typing import Iterator
 
 from memllm_jax import options
 from memllm_jax.decode.corpus_writer import WriteDocument
+from memllm_jax.docred import detokenize, load_relation_labels
 from memllm_jax.errors import InputError, read_text
 from memllm_jax.files import atomic_write_json
 
@@ -45,8 +46,6 @@ def _doc_from_record(rec, path: pathlib.Path, k: int) -> WriteDocument:
     name = rec.get("id", rec.get("title", k))
     doc_id = f"{k}:{name}"
     if "sents" in rec:
-        from data_gen.docred import detokenize
-
         sents = rec["sents"]
         if not isinstance(sents, list) or not all(isinstance(s, list) and all(isinstance(t, str) for t in s) for s in sents):
             raise CorpusError(f"{where}: field sents: expected a list of token lists")
@@ -212,8 +211,6 @@ def main(args: argparse.Namespace) -> int:
     check_memory(args.memory, args.encoder)
     relations = None
     if args.labels:
-        from data_gen.relations import load_relation_labels
-
         relations = set(load_relation_labels(args.labels).values())
     model, tok = load(args.model, tokenizer=args.tokenizer, need_tokenizer=True)
     try:  # before the memory directory is opened: a refused option leaves nothing behind

@@ -1,79 +1,17 @@
-"""Self-contained HTML: tables, SVG charts and read traces in one file that needs no network and no script.
+"""Self-contained HTML: SVG charts and read traces in one file that needs no network and no script (the page,
+its style and tables: memllm_jax/html.py).
 
-Used by the pipeline's report stage (`experiments/report_html.py` builds `results/index.html`) and by
-`memllm generate --html FILE`. Charts are inline SVG drawn here (a log axis where values span more than a
-factor of 20), so the page renders the same in any browser and in a headless screenshot.
+Used by the pipeline's report stage (`experiments/report_html.py` builds `results/index.html`). Charts are
+inline SVG drawn here (a log axis where values span more than a factor of 20), so the page renders the same in
+any browser and in a headless screenshot.
 """
 
 from __future__ import annotations
 
-import html
 import math
-import os
-import pathlib
-import re
 from typing import Sequence
 
-from memllm_jax.files import atomic_write_text
-
-CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1180px;
- color:#1d2330;line-height:1.45;padding:0 16px}
-h1{font-size:1.6em;margin-bottom:.2em}h2{margin-top:1.6em;border-bottom:1px solid #d8dde6;padding-bottom:.2em}
-table{border-collapse:collapse;margin:.6em 0 1em;font-size:.92em}
-th,td{border:1px solid #d8dde6;padding:3px 8px;text-align:left;vertical-align:top}th{background:#f1f4f9}
-td.n{text-align:right;font-variant-numeric:tabular-nums}
-.note{color:#5b6475;font-size:.9em}.charts{display:flex;flex-wrap:wrap;gap:18px}
-svg{background:#fff;border:1px solid #e3e7ee}
-.trace{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:13.5px;line-height:2.1;white-space:pre-wrap;
- border:1px solid #d8dde6;padding:10px;background:#fcfcfd}
-.tok{border-radius:2px}.tok.target{outline:1.5px solid #3759c7;outline-offset:-1px}
-.tok.entity{text-decoration:underline dotted #777}
-.tok.helped{box-shadow:inset 0 -3px 0 #1a9b50}.tok.hurt{box-shadow:inset 0 -3px 0 #d2352b}
-.call{font-size:11.5px;border-radius:4px;padding:1px 4px;margin:0 2px;border:1px solid}
-.call.used{background:#e6f4ea;border-color:#1a9b50}.call.removed{background:#f4f4f4;border-color:#999;color:#666;
- text-decoration:line-through}.call .res{font-weight:600}
-.legend span{display:inline-block;padding:0 6px;margin-right:6px;border-radius:2px}
-details{margin:.5em 0}summary{cursor:pointer;font-weight:600}
-"""
-
-
-def esc(x) -> str:
-    return html.escape(str(x), quote=True)
-
-
-def page(title: str, body: str) -> str:
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{esc(title)}</title>"
-            f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
-
-
-def write_page(path: str | os.PathLike, title: str, body: str) -> pathlib.Path:
-    """Write the page atomically (temp file, then rename)."""
-    atomic_write_text(path, page(title, body))
-    return pathlib.Path(path)
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence], caption: str = "", cls: str = "") -> str:
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(td(_cell(c)) for c in r) + "</tr>" for r in rows)
-    cap = f"<caption class=\"note\">{esc(caption)}</caption>" if caption else ""
-    return f"<table class=\"{cls}\">{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-_NUMBER = re.compile(r"^[–-]?$|^[-+]?[\d,.]+%?( \([\d.,%]+\))?$")
-
-
-def td(content_html: str) -> str:
-    """A table cell, right-aligned when it holds a number (or a number with a count in brackets)."""
-    plain = re.sub(r"<[^>]+>", "", content_html).strip()
-    return f"<td class=\"n\">{content_html}</td>" if _NUMBER.match(plain) else f"<td>{content_html}</td>"
-
-
-def _cell(c) -> str:
-    if isinstance(c, float):
-        return "–" if not math.isfinite(c) else (f"{c:.3f}" if abs(c) < 1000 else f"{c:,.0f}")
-    return "–" if c is None else esc(c)
-
+from memllm_jax.html import esc, table, td, write_page  # noqa: F401  (td, write_page: for the report)
 
 # ------------------------------------------------------------------------------------------------ charts
 
@@ -274,45 +212,3 @@ def _trace_summary(trace: dict) -> str:
     return (f"<p class=\"note\">mean loss (nats/token): TARGET {s['target_with']:.2f} with memory, "
             f"{s['target_without']:.2f} without; all tokens {s['all_with']:.2f} with, {s['all_without']:.2f} without; "
             f"{sum(e['status'] == 'used' for e in trace['reads'])} of {len(trace['reads'])} reads used</p>")
-
-
-# ------------------------------------------------------------------------------------------- generation
-
-
-def generation_view(prompt: str, res) -> str:
-    """One `memllm generate` result (`decode.reader.GenerationResult`): the continuation with every call still
-    in its context shown inline (queries, results), and every call in a table with its fate. Calls that were
-    removed are not in the final text, so they are listed in order without a position; losses are not
-    computed while generating, so tokens are not shaded."""
-    from memllm_jax import protocol
-
-    kept = iter([c for c in res.calls if not c.removed])
-    parts, text, i = [], res.text, 0
-    while True:
-        k = text.find(protocol.MEM_READ, i)
-        if k < 0:
-            parts.append(esc(protocol.unescape_text(text[i:])))
-            break
-        end = text.find(protocol.CALL_END, k)
-        end = len(text) if end < 0 else end + len(protocol.CALL_END)
-        parts.append(esc(protocol.unescape_text(text[i:k])))
-        call = next(kept, None)
-        res_txt = ", ".join(call.result) if call is not None and call.result else "∅"
-        parts.append(f"<span class=\"call used\" title=\"{esc(text[k:end])}\">{esc(text[k:end])} "
-                     f"<span class=\"res\">→ {esc(res_txt)}</span></span>")
-        i = end
-    rows = [(n, c.query_text, "; ".join(f"<{q.subject or '*'}, {q.relation}, {q.object or '*'}>" for q in c.queries)
-             or "–", ", ".join(c.result) or "∅", f"removed: {c.reason}" if c.removed else "kept in context",
-             "yes" if c.repeated else "no", "; ".join(c.errors) or "–") for n, c in enumerate(res.calls)]
-    calls = table(["call", "text", "queries", "results", "fate", "repeated", "errors"], rows) if rows else \
-        "<p class=\"note\">no memory calls</p>"
-    return (f"<div class=\"doc-trace\"><h3>{esc(prompt)}</h3><p class=\"note\">finish: {esc(res.finish_reason)}, "
-            f"{res.n_generated} tokens generated, {len(res.calls)} calls ({sum(c.removed for c in res.calls)} removed)"
-            f"</p><div class=\"trace\"><b>{esc(prompt)}</b>{''.join(parts)}</div>{calls}</div>")
-
-
-def generation_page(path: str | os.PathLike, prompts: Sequence[str], results: Sequence) -> pathlib.Path:
-    body = ("<h1>memllm generate</h1><p class=\"note\">The prompt in bold, then the model's text; memory calls "
-            "still in the context are shown where they stand, with their results.</p>"
-            + "".join(generation_view(p, r) for p, r in zip(prompts, results)))
-    return write_page(path, "memllm generate", body)

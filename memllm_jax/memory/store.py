@@ -134,12 +134,6 @@ class TripleMemory:
                 self._cache.popitem(last=False)
         return out
 
-    def _ensure(self, table: NameTable, names: list[str]) -> np.ndarray:
-        new = [n for n in dict.fromkeys(names) if n not in table.ids]
-        if new:
-            table.add(new, self._embed(new, table))
-        return np.array([table.ids[n] for n in names], np.int64)
-
     # ---------------------------------------------------------------------------------------- writes
 
     def add(self, triples: Sequence[Triple], source: str | Sequence[str] = "", replace: bool = False,

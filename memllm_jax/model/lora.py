@@ -2,7 +2,7 @@
 
 The adapter lives in a `lora` submodule of the linear layer it adapts, with `nnx.LoRAParam` leaves, so the
 base parameter tree is unchanged and `nnx.state(model, nnx.LoRAParam)` is exactly the adapter. Several
-adapters (memory-write, memory-read) share one base by swapping that state (`get_adapter` / `set_adapter`).
+adapters (memory-write, memory-read) share one base by swapping that state (`nnx.update(model, state)`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from memllm_jax.config import LoraConfig
 from memllm_jax.model import init
 from memllm_jax.model.dropout import HashDropout
 from memllm_jax.model.matmul import matmul
-
-LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
 
 BASE_PARAMS = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))
 """Filter selecting the base parameters only (`nnx.LoRAParam` subclasses `nnx.Param`)."""
@@ -160,13 +158,3 @@ def merge_lora(model: nnx.Module) -> None:
     if token_lora is not None:
         model.embed[...] = token_lora.merged_embedding(model.embed[...])
         token_lora.delta[...] = jnp.zeros_like(token_lora.delta[...])
-
-
-def get_adapter(model: nnx.Module) -> nnx.State:
-    """The adapter state (all `nnx.LoRAParam` leaves)."""
-    return nnx.state(model, nnx.LoRAParam)
-
-
-def set_adapter(model: nnx.Module, adapter: nnx.State) -> None:
-    """Install an adapter previously taken with `get_adapter` (from a model of the same config)."""
-    nnx.update(model, adapter)

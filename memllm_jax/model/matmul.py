@@ -114,8 +114,3 @@ def fast_operand_dtype(backend: str | None = None, cpuinfo: str | None = None) -
     if backend != "cpu":
         return "bfloat16"
     return "bfloat16" if cpu_multiplies_bf16(cpuinfo) else "float32"
-
-
-def resolve_operand_dtype(name: str | None) -> str | None:
-    """`name`, with "auto" replaced by this host's `fast_operand_dtype()`."""
-    return fast_operand_dtype() if name == AUTO else name

@@ -129,12 +129,6 @@ def _meminfo_kb(meminfo: str) -> dict[str, int] | None:
         return None
 
 
-def available_memory_fraction(meminfo: str = "/proc/meminfo") -> float | None:
-    """MemAvailable / MemTotal of the host, None where /proc/meminfo is missing or lacks them."""
-    kb = _meminfo_kb(meminfo)
-    return kb["MemAvailable"] / kb["MemTotal"] if kb and kb["MemTotal"] else None
-
-
 def release_if_memory_low(min_available: float = 0.25, meminfo: str = "/proc/meminfo", need_bytes: int = 0) -> bool:
     """`release_freed_memory` when the host's available memory is below `min_available` of its total or below
     `need_bytes` (the kept heap's free pages count as used); True when it released any. Cheap enough to call after

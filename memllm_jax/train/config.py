@@ -184,17 +184,6 @@ def _comparable(value):
     return value
 
 
-def config_from_json(d: dict) -> TrainConfig:
-    """The `TrainConfig` a run saved as `train_config.json` (`dataclasses.asdict`)."""
-    d = dict(d)
-    d["model"] = ModelConfig(**{"scan_layers": False, **d["model"]})  # runs from before the field: unrolled
-    d["lora"] = LoraConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d["lora"].items()}) if d.get("lora") else None
-    d["mesh"] = MeshConfig(**d["mesh"])
-    for k in ("train_data", "eval_data", "buckets", "export_steps"):
-        d[k] = tuple(d.get(k) or ())
-    return TrainConfig(**d)
-
-
 def validate(cfg: TrainConfig) -> None:
     """Raise an `InputError` naming the setting when `cfg` cannot run: any field out of its range (`check_tree`),
     or no data or tokenizer given."""

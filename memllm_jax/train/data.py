@@ -109,14 +109,8 @@ def _assemble(segments: list[dict], pieces: Sequence[Sequence[int]], eos: bool, 
     return Example(np.asarray(ids, np.int32), np.asarray(flags, bool), where)
 
 
-def tokenize_record(record: dict, tok: Tokenizer, where: str) -> Example:
-    """Segments -> ids and per-token loss flags (BOS first; EOS last when `eos`)."""
-    segments = _check_record(record, where)
-    return _assemble(segments, [tok.encode(s["text"]) for s in segments], record.get("eos", True), tok, where)
-
-
 def tokenize_records(records: Sequence[tuple[str, dict]], tok: Tokenizer) -> list[Example]:
-    """`tokenize_record` for many records, with one batched `encode_batch` call when the tokenizer has it."""
+    """Segments -> ids and per-token loss flags (BOS first; EOS last when `eos`) of many records, with one batched `encode_batch` call when the tokenizer has it."""
     segs = [_check_record(r, where) for where, r in records]
     texts = [s["text"] for ss in segs for s in ss]
     batch = getattr(tok, "encode_batch", None)

@@ -216,7 +216,7 @@ def memory_write_no_token_budget(tmp, mp):
 
 
 def memory_write_ban_repeats_unusable_tokenizer(tmp, mp):
-    from memllm_jax.decode.scripted import CharTokenizer
+    from tests.support.scripted import CharTokenizer
     from memllm_jax.model import load
 
     mp.setattr(load, "load", lambda model, **kw: (object(), CharTokenizer()))  # `>>` is two tokens here

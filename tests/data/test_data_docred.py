@@ -7,9 +7,9 @@ import time
 import pytest
 
 from data_gen import build
-from data_gen.docred import DocumentError, detokenize, iter_documents
+from data_gen.docred import DocumentError, iter_documents
 from data_gen.io import iter_json_array
-from data_gen.relations import load_relation_labels
+from memllm_jax.docred import detokenize, load_relation_labels
 
 LABELS = {"P17": "country", "P131": "located in the administrative territorial entity"}
 GOOD = {"title": "Tiny", "sents": [["Ohio", "is", "in", "the", "United", "States", "."]],

@@ -8,12 +8,13 @@ from data_gen.recipes import ReadRecipe, WriteRecipe
 from data_gen.docred import parse_document
 from data_gen.eval_examples import eval_record
 from data_gen.gold_memory import GoldLookup
-from data_gen.read_examples import (absent_question_records, context_free_records, iter_read_examples, misread,
-                                    question_form_records, read_records, scan_read_points)
+from data_gen.read_examples import (absent_question_records, context_free_records, misread, question_form_records,
+                                    read_records, scan_read_points)
 from data_gen.relation_questions import GENERIC_TEMPLATES, QUESTIONS_BY_PID
-from data_gen.relations import DEFAULT_REL_INFO, ambiguous_label_filter, is_ambiguous, load_relation_labels
-from data_gen.write_examples import (context_free_items, iter_write_examples, question_form_items, taught_triples,
-                                     write_coverage)
+from data_gen.relations import is_ambiguous
+from memllm_jax.docred import DEFAULT_REL_INFO, load_relation_labels
+from data_gen.write_examples import (DEFAULT_PRETEXT_SENTENCES, context_free_items, iter_write_items, question_form_items,
+                                     taught_triples, write_coverage, write_record)
 from memllm_jax import protocol as P
 
 LABELS = {"P175": "performer", "P19": "place of birth", "P361": "part of", "P150": "contains administrative territorial entity",
@@ -37,6 +38,14 @@ RAW = {
 TEXT = "Alla Mia Età is an album by Tiziano Ferro. He was born in Latina. The song Il Regalo Più Grande is part of Alla Mia Età."
 
 
+def write_examples_of(doc, pretext_sentences=DEFAULT_PRETEXT_SENTENCES, evidence=False):
+    return [write_record(doc, item) for item in iter_write_items(doc, pretext_sentences, evidence)]
+
+
+def read_examples_of(doc, query_fn, **kwargs):
+    return read_records(doc, scan_read_points(doc, query_fn, **kwargs))
+
+
 @pytest.fixture
 def doc():
     return parse_document(RAW, 0, LABELS, "golden.json")
@@ -50,7 +59,7 @@ def test_text_and_offsets(doc):
 
 
 def test_write_examples_golden(doc):
-    recs = list(iter_write_examples(doc))
+    recs = list(write_examples_of(doc))
     assert [r["segments"] for r in recs] == [
         [{"text": "({USER_ST})Alla Mia Età is an album by Tiziano Ferro.({USER_END})", "loss": False},
          {"text": "({MEM_WRITE-->Alla Mia Età>>performer>>Tiziano Ferro})", "loss": True}],
@@ -68,7 +77,7 @@ def test_write_examples_golden(doc):
 def test_write_examples_with_evidence(doc):
     """`evidence=True`: a sentence's targets are the triples it is evidence for. Sentence 2 names the album and
     has Tiziano Ferro in its pretext, but the album's performer is stated (annotated evidence) in sentence 0 only."""
-    calls = [r["segments"][1]["text"] for r in iter_write_examples(doc, evidence=True)]
+    calls = [r["segments"][1]["text"] for r in write_examples_of(doc, evidence=True)]
     assert calls == ["({MEM_WRITE-->Alla Mia Età>>performer>>Tiziano Ferro})",
                      "({MEM_WRITE-->Tiziano Ferro>>place of birth>>Latina})",
                      "({MEM_WRITE-->Il Regalo Più Grande>>performer>>Tiziano Ferro;"
@@ -78,14 +87,14 @@ def test_write_examples_with_evidence(doc):
     # stays in sentence 0; the song's performer is named with the song in no sentence, so nothing writes it
     raw = {**RAW, "labels": [{**lab, "evidence": []} for lab in RAW["labels"]]}
     bare = parse_document(raw, 0, LABELS, "golden.json")
-    calls = [r["segments"][1]["text"] for r in iter_write_examples(bare, evidence=True)]
+    calls = [r["segments"][1]["text"] for r in write_examples_of(bare, evidence=True)]
     assert calls == ["({MEM_WRITE-->Alla Mia Età>>performer>>Tiziano Ferro})", "({MEM_WRITE-->})",
                      "({MEM_WRITE-->Il Regalo Più Grande>>part of>>Alla Mia Età})"]
     cov = write_coverage(bare, evidence=True)
     assert [c["sentences"] for c in cov] == [[0], [], [2], []]
     assert "evidence" in cov[3]["reason"]
-    assert [r["segments"][1]["text"] for r in iter_write_examples(bare)] == [
-        r["segments"][1]["text"] for r in iter_write_examples(doc)]  # the default ignores evidence
+    assert [r["segments"][1]["text"] for r in write_examples_of(bare)] == [
+        r["segments"][1]["text"] for r in write_examples_of(doc)]  # the default ignores evidence
 
 
 def test_taught_triples_score_as_the_ceiling_of_a_writer(doc):
@@ -96,7 +105,7 @@ def test_taught_triples_score_as_the_ceiling_of_a_writer(doc):
     from data_gen.gold_memory import entity_gold
     from memllm_jax.eval.write_quality import entity_agreement
 
-    assert taught_triples([doc], evidence=True) == [t for r in iter_write_examples(doc, evidence=True)
+    assert taught_triples([doc], evidence=True) == [t for r in write_examples_of(doc, evidence=True)
                                                     for t in map(lambda x: P.Triple(*x), r["triples"])]
     bare = parse_document({**RAW, "labels": [{**lab, "evidence": []} for lab in RAW["labels"]]}, 0, LABELS, "g.json")
     for d, recall in ((doc, 1.0), (bare, 0.5)):
@@ -106,7 +115,7 @@ def test_taught_triples_score_as_the_ceiling_of_a_writer(doc):
 
 
 def test_empty_write_and_pretext_window(doc):
-    recs = list(iter_write_examples(doc, pretext_sentences=0))
+    recs = list(write_examples_of(doc, pretext_sentences=0))
     # without a pretext the pronoun sentence has no full mention of Tiziano Ferro: the write is empty
     assert recs[1]["segments"][1]["text"] == "({MEM_WRITE-->})"
     assert recs[1]["segments"][0]["text"] == "({USER_ST})He was born in Latina.({USER_END})"
@@ -271,7 +280,7 @@ def test_build_adds_context_free_read_examples(tmp_path):
 
 
 def test_read_examples_golden(doc):
-    recs = list(iter_read_examples(doc, GoldLookup().add_documents([doc])))
+    recs = list(read_examples_of(doc, GoldLookup().add_documents([doc])))
     seg = [[(s["text"], s["loss"]) for s in r["segments"]] for r in recs]
     # reads go before the space that precedes the target, so the text after a read starts with " Name"
     assert seg[0] == [("Alla Mia Età is an album by", True),
@@ -340,7 +349,7 @@ def test_misread_counts_the_context_free_reads_too(tmp_path):
 
 
 def test_read_without_memory_falls_back_to_target_and_thresholds(doc):
-    recs = list(iter_read_examples(doc, lambda qs: [[] for _ in qs]))
+    recs = list(read_examples_of(doc, lambda qs: [[] for _ in qs]))
     assert [r["results"] for r in recs] == [["Tiziano Ferro"], ["Latina"], ["Il Regalo Più Grande"]]
     # more than Q_thr results (or a memory's too_large) drops the query; a read with no query left disappears
     many = lambda qs: [[f"e{i}" for i in range(31)] if q.relation == "performer" else None for q in qs]  # noqa: E731
@@ -349,15 +358,9 @@ def test_read_without_memory_falls_back_to_target_and_thresholds(doc):
     assert pts == []
 
 
-def test_ambiguous_filter_by_pid_and_labels():
+def test_ambiguous_filter_by_pid():
     assert is_ambiguous("P19", target_is_subject=True) and not is_ambiguous("P19", target_is_subject=False)
     assert is_ambiguous("P150", target_is_subject=False) and not is_ambiguous("P150", target_is_subject=True)
-    memllm = {"P150": "contains administrative territorial entities", "P19": "place of birth"}
-    f = ambiguous_label_filter(LABELS, memllm)
-    assert f(P.Query("Ohio", "contains administrative territorial entities", None))  # the plural label matches too
-    assert f(P.Query("Ohio", "contains administrative territorial entity", None))
-    assert not f(P.Query(None, "contains administrative territorial entity", "Ohio"))
-    assert f(P.Query(None, "place of birth", "Latina")) and not f(P.Query("X", "place of birth", None))
 
 
 def test_ambiguous_query_dropped_in_scan():

@@ -10,7 +10,7 @@ from flax import nnx
 
 from memllm_jax import protocol
 from memllm_jax.config import TINY
-from memllm_jax.decode.scripted import CharTokenizer, PolicyModel
+from tests.support.scripted import CharTokenizer, PolicyModel
 from memllm_jax.eval.write_quality import EntityGold
 from memllm_jax.memory import HashEncoder, TripleMemory
 from memllm_jax.settings import replace

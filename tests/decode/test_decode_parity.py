@@ -13,7 +13,7 @@ from memllm_jax.config import TINY
 from memllm_jax.decode.graph import split_model
 from memllm_jax.decode.prefill import MAX_PREFILL, prefill
 from memllm_jax.decode.reader import ReadController, encode_prompt
-from memllm_jax.decode.scripted import CharTokenizer
+from tests.support.scripted import CharTokenizer
 from memllm_jax.model.decoder import Decoder, init_cache
 
 from test_decode_reader import FakeMemory

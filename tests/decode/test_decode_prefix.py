@@ -13,7 +13,7 @@ from memllm_jax.bench.decode import build
 from memllm_jax.config import TINY
 from memllm_jax.decode.graph import split_model
 from memllm_jax.decode.prefill import MIN_SAVED, plan_sharing, prefill, prefill_shared
-from memllm_jax.decode.scripted import CharTokenizer
+from tests.support.scripted import CharTokenizer
 from memllm_jax.decode.corpus_writer import iter_write_prompts, write_corpus, WriteDocument
 from memllm_jax.decode.writer import WriteDecoding, decode_writes
 from memllm_jax.model.decoder import Decoder, init_cache

@@ -6,7 +6,7 @@ import pytest
 
 from memllm_jax import protocol
 from memllm_jax.decode.reader import generate_with_memory
-from memllm_jax.decode.scripted import CharTokenizer, PolicyModel
+from tests.support.scripted import CharTokenizer, PolicyModel
 
 TOK = CharTokenizer()
 EOS = TOK.eos_id

@@ -16,7 +16,7 @@ from memllm_jax.decode.item_bans import ban_spec
 from memllm_jax.decode.graph import split_model
 from memllm_jax.decode.prefill import MIN_SAVED, plan_sharing
 from memllm_jax.decode.refill import default_refill_at, refill_writes
-from memllm_jax.decode.scripted import CharTokenizer, PolicyModel, TableModel
+from tests.support.scripted import CharTokenizer, PolicyModel, TableModel
 from memllm_jax.decode.corpus_writer import iter_write_prompts, write_corpus, WriteDocument
 from memllm_jax.decode.writer import WriteDecoding, decode_writes
 from memllm_jax.model.decoder import Decoder

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from memllm_jax import protocol
-from memllm_jax.decode.scripted import CharTokenizer, PolicyModel, TableModel
+from tests.support.scripted import CharTokenizer, PolicyModel, TableModel
 from memllm_jax.decode.corpus_writer import write_corpus
 from memllm_jax.decode.writer import WriteDecoding, decode_writes, item_confidences
 

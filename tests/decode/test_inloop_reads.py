@@ -8,7 +8,7 @@ import pytest
 from memllm_jax import protocol
 from memllm_jax.decode import reader
 from memllm_jax.decode.reader import generate_with_memory
-from memllm_jax.decode.scripted import PolicyModel
+from tests.support.scripted import PolicyModel
 
 from test_decode_reader import EOS, TOK, FakeMemory, scripted
 

@@ -5,7 +5,7 @@ import pytest
 
 from memllm_jax import protocol
 from memllm_jax.decode.item_bans import ban_spec, span_hash
-from memllm_jax.decode.scripted import CharTokenizer, PolicyModel
+from tests.support.scripted import CharTokenizer, PolicyModel
 from memllm_jax.decode.writer import WriteDecoding, decode_writes
 
 TOK = CharTokenizer(extra=[">>"])

@@ -259,7 +259,7 @@ def test_rows_stop_once_their_answer_is_complete_with_the_answers_of_the_whole_b
     line break), and extracts what generating to the end of the budget gives."""
     from memllm_jax.decode import reader
     from memllm_jax.config import EDITING_MEMORY
-    from memllm_jax.decode.scripted import PolicyModel
+    from tests.support.scripted import PolicyModel
     from memllm_jax.memory import TripleMemory
     from memllm_jax.memory.encoder import load_encoder
 
@@ -311,7 +311,7 @@ def _cloze_reader(on_empty: str):
     """A scripted reader of cloze questions "<Name> worked for": its forced read asks <Name, employer, *>; it
     answers " <result>." after a result, `on_empty` after an empty result kept in its context, and " Rome Inc."
     when the read was removed (it answers from its "weights")."""
-    from memllm_jax.decode.scripted import PolicyModel
+    from tests.support.scripted import PolicyModel
 
     tok = CharTokenizer()
     mr, rend, cend = (tok.marker_id[m] for m in (protocol.MEM_READ, protocol.READ_END, protocol.CALL_END))

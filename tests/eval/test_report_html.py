@@ -104,7 +104,7 @@ def _generation():
 
 
 def test_generate_html_shows_kept_and_removed_calls(tmp_path):
-    from memllm_jax.eval.html import generation_page
+    from memllm_jax.decode.generate_cli import generation_page
 
     html = generation_page(tmp_path / "g.html", ["Ilsa Varomek"], [_generation()]).read_text()
     assert 'class="call used"' in html and "→ Tharbon" in html
@@ -138,7 +138,7 @@ def test_pages_load_in_headless_chromium(tmp_path):
     chart and a trace; the screenshot is a real picture, not a blank page."""
     if report_html.chromium() is None:
         pytest.fail("chromium is not installed (apt-get install chromium)")
-    from memllm_jax.eval.html import generation_page
+    from memllm_jax.decode.generate_cli import generation_page
 
     page = report_html.build(make_run(tmp_path))
     dom, log = report_html.render(page, screenshot=tmp_path / "shot.png")

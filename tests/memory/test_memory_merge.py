@@ -18,7 +18,7 @@ import pytest
 
 from memllm_jax import protocol
 from memllm_jax.cli import main
-from memllm_jax.decode.scripted import CharTokenizer, PolicyModel
+from tests.support.scripted import CharTokenizer, PolicyModel
 from memllm_jax.memory import HashEncoder, TripleMemory
 from memllm_jax.memory.merge import merge
 

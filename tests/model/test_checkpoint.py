@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from memllm_jax.checkpoint import read_configs, restore_params, save_params
+from memllm_jax.checkpoint import read_stored, restore_params, save_params
 from memllm_jax.config import LoraConfig, MeshConfig, ModelConfig
 from memllm_jax.model.lora import lora_modules
 from memllm_jax.model.decoder import Decoder
@@ -43,8 +43,9 @@ def test_save_restore_sharded_into_other_mesh(tmp_path):
     model = nnx.merge(graphdef, jax.device_put(state, state_shardings(state, mesh_a)))
     expected = np.asarray(fwd(model))
     save_params(tmp_path, 3, model)
-    cfg, lora, step = read_configs(tmp_path)
-    assert (cfg, lora, step) == (CFG, LORA, 3)
+    stored = read_stored(tmp_path)
+    cfg, lora = stored.model, stored.lora
+    assert (cfg, lora, stored.step) == (CFG, LORA, 3)
     mesh_b = make_mesh(MeshConfig(1, 4, 2))
     restored = restore_params(tmp_path, abstract_model(cfg, lora, mesh_b))
     q = restored.layers.attn.q.kernel[...]
@@ -90,7 +91,7 @@ def test_convert_cli_both_directions(tmp_path):
     from safetensors.numpy import load_file
 
     from memllm_jax.cli import main
-    from memllm_jax.model.testing import save_hf_mistral
+    from tests.support.hf_models import save_hf_mistral
 
     save_hf_mistral(CFG, tmp_path / "hf", seed=3)
     assert main(["convert", "hf-to-orbax", str(tmp_path / "hf"), str(tmp_path / "ckpt")]) == 0
@@ -127,4 +128,4 @@ def test_checkpoint_without_scan_field_reads_as_unrolled(tmp_path):
     stored = json.loads(config_file.read_text())
     del stored["model"]["scan_layers"]
     config_file.write_text(json.dumps(stored))
-    assert read_configs(tmp_path)[0].scan_layers is False
+    assert read_stored(tmp_path).model.scan_layers is False

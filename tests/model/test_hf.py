@@ -11,7 +11,7 @@ from safetensors.numpy import load_file
 from memllm_jax.config import LoraConfig, MeshConfig, ModelConfig
 from memllm_jax.model.hf import INDEX_FILE, load_hf, save_hf, save_peft_adapter
 from memllm_jax.model.lora import lora_modules
-from memllm_jax.model.testing import hf_logits, padded_batch, save_hf_mistral
+from tests.support.hf_models import hf_logits, padded_batch, save_hf_mistral
 from memllm_jax.sharding import make_mesh
 
 CFG = ModelConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
@@ -138,7 +138,7 @@ def test_extra_tokens_rows_are_mean_rows(hf_dir):
 def test_bfloat16_checkpoint_round_trip(tmp_path):
     import torch
 
-    from memllm_jax.model.testing import hf_mistral
+    from tests.support.hf_models import hf_mistral
 
     hf_mistral(CFG, seed=2).to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     cfg, model = load_hf(tmp_path / "bf16")

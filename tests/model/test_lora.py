@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from memllm_jax.config import LoraConfig, ModelConfig
-from memllm_jax.model.lora import BASE_PARAMS, get_adapter, lora_modules, merge_lora, set_adapter
+from memllm_jax.model.lora import BASE_PARAMS, lora_modules, merge_lora
 from memllm_jax.model.decoder import Decoder
 
 CFG = ModelConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
@@ -42,7 +42,7 @@ def test_fresh_lora_equals_base_and_base_tree_unchanged():
     assert [p for p, _ in base_state] == [p for p, _ in lora_base]
     for (_, a), (_, b) in zip(base_state, lora_base):
         np.testing.assert_array_equal(a[...], b[...])
-    adapter_paths = [p for p, _ in nnx.to_flat_state(get_adapter(lora))]
+    adapter_paths = [p for p, _ in nnx.to_flat_state(nnx.state(lora, nnx.LoRAParam))]
     assert adapter_paths and all(any("lora" in str(k) for k in p) for p in adapter_paths)
     # 7 targets per layer (one stacked module for all layers when scanned) + lm_head, each with a and b.
     assert len(adapter_paths) == 2 * (7 * (1 if CFG.scan_layers else CFG.n_layers) + 1)
@@ -88,15 +88,15 @@ def test_dropout_only_in_training_mode():
 def test_adapter_swap_on_one_base():
     model = Decoder(CFG, LORA, rngs=nnx.Rngs(0))
     _randomise_b(model, 10)
-    write_adapter = jax.tree.map(jnp.copy, get_adapter(model))
+    write_adapter = jax.tree.map(jnp.copy, nnx.state(model, nnx.LoRAParam))
     out_write = fwd(model)
     _randomise_b(model, 11)
-    read_adapter = jax.tree.map(jnp.copy, get_adapter(model))
+    read_adapter = jax.tree.map(jnp.copy, nnx.state(model, nnx.LoRAParam))
     out_read = fwd(model)
     assert np.abs(out_write - out_read).max() > 1e-3
-    set_adapter(model, write_adapter)
+    nnx.update(model, write_adapter)
     np.testing.assert_array_equal(fwd(model), out_write)
-    set_adapter(model, read_adapter)
+    nnx.update(model, read_adapter)
     np.testing.assert_array_equal(fwd(model), out_read)
 
 

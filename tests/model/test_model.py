@@ -11,7 +11,7 @@ from flax import nnx
 from memllm_jax.config import ModelConfig
 from memllm_jax.model.hf import load_hf
 from memllm_jax.model.decoder import KVCache, Decoder, init_cache
-from memllm_jax.model.testing import hf_logits, layer_param, padded_batch, save_hf_mistral
+from tests.support.hf_models import hf_logits, layer_param, padded_batch, save_hf_mistral
 
 CFG = ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,
                   sliding_window=None, rope_theta=10000.0, max_seq_len=64)

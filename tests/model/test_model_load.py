@@ -65,7 +65,7 @@ def _torch(hf_dir, tokens):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from memllm_jax.model.testing import hf_logits
+    from tests.support.hf_models import hf_logits
 
     m = AutoModelForCausalLM.from_pretrained(hf_dir, attn_implementation="eager", dtype=torch.float32).eval()
     positions = np.tile(np.arange(tokens.shape[1]), (tokens.shape[0], 1))
@@ -169,7 +169,7 @@ SMALL = dataclasses.replace(TINY, d_model=32, n_layers=2, n_heads=4, n_kv_heads=
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     """A tiny HF directory (transformers' `save_pretrained`) with a tokenizer beside the weights."""
-    from memllm_jax.model.testing import save_hf_mistral
+    from tests.support.hf_models import save_hf_mistral
 
     d = tmp_path_factory.mktemp("hf") / "hf"
     save_hf_mistral(SMALL, d)
@@ -282,7 +282,7 @@ def _each_file_once(reads, runs, hf_dir, tmp_path, monkeypatch):
                             ("safetensors", str(hf_dir / "model.safetensors")): 1, ("tokenizer", str(hf_dir)): 1}
     assert reads.opened_under(hf_dir) == {str(hf_dir / "config.json"): 1}
     # sharded weights: each shard once
-    from memllm_jax.model.testing import save_hf_mistral
+    from tests.support.hf_models import save_hf_mistral
 
     save_hf_mistral(SMALL, tmp_path / "sharded", max_shard_size="20KB")
     shards = sorted(p.name for p in (tmp_path / "sharded").glob("model-*.safetensors"))

@@ -47,7 +47,7 @@ def scripted_reader(text: str = "Ann was born in Paris.", read_at: tuple[int, ..
     """`(model, tokenizer, [encoded doc], Memory class)`: a scripted model that reads right before "Paris" in
     "Ann was born in Paris." asking <Ann, place of birth, *>, and a memory answering that query with Paris.
     `text` / `read_at`: another document, read before each of these characters (the same query each time)."""
-    from memllm_jax.decode.scripted import PolicyModel
+    from tests.support.scripted import PolicyModel
     from memllm_jax.eval.records import EvalDoc, GoldRead, encode_document
 
     tok = CharTokenizer()

@@ -16,6 +16,8 @@ import portpicker
 import pytest
 from flax import nnx
 
+from memllm_jax.config import LoraConfig, MeshConfig, ModelConfig
+from memllm_jax.train.config import TrainConfig
 from tests.support.train_fixtures import make_tokenizer, write_jsonl, write_records
 
 TESTS = pathlib.Path(__file__).parent
@@ -127,10 +129,9 @@ def _restore(workdir: pathlib.Path, step: int):
     from memllm_jax.train import loop
     from memllm_jax.train import step as S
     from memllm_jax.train.checkpoint import Checkpointer
-    from memllm_jax.train.config import config_from_json
     from memllm_jax.train.optimizer import make_optimizer
 
-    cfg = config_from_json(json.loads((workdir / "train_config.json").read_text()))
+    cfg = _config_from_json(json.loads((workdir / "train_config.json").read_text()))
     mesh = make_mesh(cfg.mesh)
     split = S.split_model(loop.initial_model(cfg, mesh, None), cfg.mode)
     tx = make_optimizer(cfg, STEPS)
@@ -181,3 +182,14 @@ def test_each_process_materialised_only_its_rows(runs):
         np.testing.assert_array_equal(parts[0][key], full[:, :rows], err_msg=key)
         np.testing.assert_array_equal(parts[1][key], full[:, rows:], err_msg=key)
     assert not np.array_equal(parts[0]["inputs/0"], parts[1]["inputs/0"])
+
+
+def _config_from_json(d: dict) -> TrainConfig:
+    """The `TrainConfig` a run saved as `train_config.json` (`dataclasses.asdict`)."""
+    d = dict(d)
+    d["model"] = ModelConfig(**{"scan_layers": False, **d["model"]})  # runs from before the field: unrolled
+    d["lora"] = LoraConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in d["lora"].items()}) if d.get("lora") else None
+    d["mesh"] = MeshConfig(**d["mesh"])
+    for k in ("train_data", "eval_data", "buckets", "export_steps"):
+        d[k] = tuple(d.get(k) or ())
+    return TrainConfig(**d)

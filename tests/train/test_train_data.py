@@ -18,7 +18,7 @@ def tok(tmp_path_factory):
 
 def test_segments_to_ids_and_flags(tok):
     rec = write_records(1)[0]
-    ex = D.tokenize_record(rec, tok, "x:1")
+    (ex,) = D.tokenize_records([("x:1", rec)], tok)
     prompt, call = (tok.encode(s["text"]) for s in rec["segments"])
     assert ex.ids.tolist() == [tok.bos_id, *prompt, *call, tok.eos_id]
     assert ex.loss.tolist() == [False] + [False] * len(prompt) + [True] * len(call) + [True]
@@ -29,7 +29,7 @@ def test_left_truncation_keeps_loss_span(tok, tmp_path):
     rec = {"segments": [{"text": "Ada Lovelace visited Paris. " * 20, "loss": False},
                         {"text": "({MEM_WRITE-->Ada>>r>>Paris})", "loss": True}], "eos": True}
     path = write_jsonl(tmp_path / "t.jsonl", [rec])
-    full = D.tokenize_record(rec, tok, "t")
+    (full,) = D.tokenize_records([("t", rec)], tok)
     n_loss = int(full.loss.sum())
     corpus = D.load_corpus([path], tok, seq_len=n_loss + 5)
     (ex,) = corpus.examples

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
-import importlib.util
 import json
-import os
 
+from experiments.run import load_config_module, sweep_points
 from memllm_jax import runtime
 from memllm_jax.settings import check_tree, override
 from memllm_jax.train.config import TrainConfig
@@ -44,30 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 
-def load_config_module(spec: str):
-    if spec.endswith(".py") or os.path.sep in spec:
-        if not os.path.exists(spec):
-            raise SystemExit(f"{spec}: config file not found")
-        mod_spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(spec))[0], spec)
-        module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)  # type: ignore[union-attr]
-        return module
-    try:
-        return importlib.import_module(f"experiments.configs.{spec}")
-    except ModuleNotFoundError as exc:
-        if exc.name not in (f"experiments.configs.{spec}", "experiments.configs", "experiments"):
-            raise  # the config imports something missing: a bug or an environment problem, not a bad name
-        raise SystemExit(f"{spec}: no such experiment config (experiments/configs/{spec}.py)") from exc
-
-
 def resolve_config(spec: str, assignments: list[str], point: str | None = None, part: str | None = None):
     """The checked `TrainConfig`: the config module's, with `point`'s sweep assignments (to the whole config), the
     part at `part`, then `assignments` (to the training config)."""
     module = load_config_module(spec)
     cfg = module.get_config()
     if point is not None:
-        points: dict[str, tuple[str, ...]] = {}
-        getattr(module, "sweep", lambda add: None)(lambda name, *a: points.__setitem__(str(name), a))
+        points = dict(sweep_points(module))
         if point not in points:
             raise SystemExit(f"{spec}: no sweep point {point!r} (have {sorted(points)})")
         cfg = override(cfg, *points[point])

@@ -1,4 +1,4 @@
-"""Helpers for tests and benchmarks: tiny random HF torch Mistral models written to a directory."""
+"""Test helpers: tiny random HF torch Mistral models written to a directory, their logits, padded batches."""
 
 from __future__ import annotations
 
@@ -6,37 +6,8 @@ import pathlib
 
 import numpy as np
 
+from memllm_jax.bench.model import hf_mistral
 from memllm_jax.config import ModelConfig
-
-
-def hf_mistral(cfg: ModelConfig, seed: int = 0, dtype: str = "float32"):
-    """A random `MistralForCausalLM` (eager attention) with the shapes of `cfg`, in eval mode."""
-    import torch
-    from transformers import MistralConfig, MistralForCausalLM
-
-    torch.manual_seed(seed)
-    hf_cfg = MistralConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.n_kv_heads,
-        head_dim=cfg.head_dim,
-        max_position_embeddings=cfg.max_seq_len,
-        rms_norm_eps=cfg.norm_eps,
-        rope_theta=cfg.rope_theta,
-        sliding_window=cfg.sliding_window,
-        tie_word_embeddings=cfg.tie_embeddings,
-        attn_implementation="eager",
-    )
-    model = MistralForCausalLM(hf_cfg).to(getattr(torch, dtype)).eval()
-    # HF initialises norms to ones; randomise them so the parity test also checks the norm mapping.
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-    return model
 
 
 def save_hf_mistral(cfg: ModelConfig, directory: str | pathlib.Path, seed: int = 0, **save_kwargs):

@@ -3,13 +3,12 @@
 `PolicyModel` is a "model" whose next-token logits are a ranked preference list computed by a Python
 function of the whole context (via `jax.pure_callback`), so a test can script exactly what is generated at
 every point, including after prefilled answers and rewinds. `TableModel` has logits `table[position,
-token]` (random logits that still depend on the chosen tokens). `CharTokenizer` maps markers to single
-special ids and every other character to its own id.
+token]` (random logits that still depend on the chosen tokens). `CharTokenizer` (the decode bench's)
+maps markers to single special ids and every other character to its own id.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Callable, Sequence
 
 import jax
@@ -17,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from memllm_jax import protocol
+from memllm_jax.bench.decode import CharTokenizer  # noqa: F401  (tests import it from here)
 
 
 @struct.dataclass
@@ -85,29 +84,3 @@ class TableModel(nnx.Module):
             cache, _ = _append(cache, tokens_BxL, attn_mask_BxL)
         P = self.table.shape[0]
         return self.table[...][jnp.minimum(positions_BxL, P - 1), tokens_BxL], cache
-
-
-class CharTokenizer:
-    """Markers are single ids 3..8; every other character is its own id (code point + offset)."""
-
-    pad_id, bos_id, eos_id = 0, 1, 2
-
-    def __init__(self, alphabet: str | None = None, extra: Sequence[str] = ()):
-        """`extra`: multi-character tokens, matched (longest first) before single characters."""
-        alphabet = alphabet or "".join(chr(c) for c in range(32, 127)) + protocol.ESC
-        self.marker_id = {m: 3 + i for i, m in enumerate(protocol.MARKERS)}
-        self._pieces = tuple(protocol.MARKERS) + tuple(sorted(extra, key=len, reverse=True))
-        symbols = list(alphabet) + [e for e in extra if e not in alphabet]
-        self._char_id = {c: 3 + len(protocol.MARKERS) + i for i, c in enumerate(symbols)}
-        self._id_str = {v: k for k, v in {**self.marker_id, **self._char_id}.items()}
-        self.vocab_size = 3 + len(protocol.MARKERS) + len(symbols)
-        # At each position the first of the pieces that matches (markers, then extras longest first), else
-        # one character; a regex alternation tries its branches in that order.
-        self._split = re.compile("|".join(map(re.escape, self._pieces)) + "|.", re.S).findall
-        self._id = {**self._char_id, **self.marker_id}
-
-    def encode(self, text: str) -> list[int]:
-        return [self._id[piece] for piece in self._split(text)]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return "".join(self._id_str.get(int(t), "") for t in ids)
