@@ -229,7 +229,7 @@ def test_build_adds_question_form_read_examples(tmp_path):
 def test_absent_question_records(doc):
     """A question about a relation the document gives other entities of the type but not this one ("part of": the
     song has it, the album not), its read, the empty result (no loss) and the phrase as the answer, then EOS."""
-    from memllm_jax.train.data import tokenize_record
+    from memllm_jax.train.data import tokenize_records
     from tests.support.eval_fakes import CharTokenizer
 
     memory = GoldLookup().add_documents([doc])
@@ -246,7 +246,7 @@ def test_absent_question_records(doc):
     assert absent_question_records(doc, 5) == [rec] and absent_question_records(doc, 0) == []
     # the loss covers the call, the phrase and EOS; not the question nor the empty result
     tok = CharTokenizer()
-    ex = tokenize_record(rec, tok, "test")
+    [ex] = tokenize_records([("test", rec)], tok)
     assert ex.ids[ex.loss].tolist() == tok.encode(rec["segments"][1]["text"] + " unknown") + [tok.eos_id]
     assert tok.decode(ex.ids[~ex.loss][-1:]) == P.CALL_END
     # a memory that answers the query (e.g. from another document), or finds too many, leaves no question
