@@ -110,7 +110,7 @@ def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, write
             stats.read_examples += 1
             stats.question_form_reads += 1
             yield "read", rec
-        for rec in absent_question_records(doc, read.absent_questions, seed, query_fn):
+        for rec in absent_question_records(doc, read.absent_questions, seed, query_fn, read.absent_form):
             stats.read_examples += 1
             stats.absent_reads += 1
             yield "read", rec

@@ -51,6 +51,7 @@ from typing import Callable, Iterator, Sequence
 from data_gen.docred import Document, Mention, sentence_document
 from data_gen.relation_questions import ask
 from data_gen.relations import is_ambiguous
+from data_gen.synthetic import cloze_templates, fill_cloze
 from data_gen.write_examples import asked_triples
 from memllm_jax import protocol as P
 
@@ -270,12 +271,14 @@ def question_form_records(doc: Document, n: int, seed: int = 0) -> list[dict]:
     return out
 
 
-def absent_question_records(doc: Document, n: int, seed: int = 0, query_fn: QueryFn | None = None) -> list[dict]:
+def absent_question_records(doc: Document, n: int, seed: int = 0, query_fn: QueryFn | None = None,
+                            form: str = "question") -> list[dict]:
     """Up to `n` questions about facts the memory does not hold (drawn at random, seeded by `seed` and the document
     id): a relation that the document gives some entity of a type but not this entity of that type, and (with
     `query_fn`) that the memory does not answer for it either. Each as: the question (no loss), the read of the
     entity and relation, the empty result `})` (no loss), " " + `protocol.ABSTAIN`, EOS: the question-form
-    examples' loss. Marked `"absent": true`."""
+    examples' loss. Marked `"absent": true`. `form`: `ReadRecipe.absent_form` (a cloze is the synthetic corpus's
+    sentence start for the relation, without its trailing space, as Table 3's cloze prompts)."""
     if n <= 0:
         return []
     given = {(rel.head, rel.label) for rel in doc.relations}
@@ -291,12 +294,15 @@ def absent_question_records(doc: Document, n: int, seed: int = 0, query_fn: Quer
     if query_fn is not None and queries:
         found = list(query_fn(queries))
         pairs = [p for p, res in zip(pairs, found) if res is not None and not res]
+    clozes = cloze_templates() if form != "question" else {}
     out = []
     for name, label, pid in pairs[:n]:
         query = P.Query(name, label, None)
+        as_cloze = label in clozes and (form == "cloze" or rng.random() < 0.5)
+        prompt = fill_cloze(rng.choice(clozes[label]), name).rstrip() if as_cloze else ask(name, label, pid, rng)
         out.append({
             "kind": "read", "doc": doc.doc_id, "read_index": 0, "absent": True,
-            "segments": [{"text": P.escape_text(ask(name, label, pid, rng)), "loss": False},
+            "segments": [{"text": P.escape_text(prompt), "loss": False},
                          {"text": P.format_read_call([query]), "loss": True},
                          {"text": P.format_read_result(()), "loss": False},
                          {"text": P.escape_text(" " + P.ABSTAIN), "loss": True}],

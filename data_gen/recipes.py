@@ -58,6 +58,10 @@ class ReadRecipe:
     """Extra examples per document: a question about a fact the memory does not hold, its read, the empty result
     and `protocol.ABSTAIN` as the answer (`read_examples.absent_question_records`). Not in the paper (not
     memory-aware); for a reader whose empty reads are kept in its context (`keep_empty`)."""
+    absent_form: str = "question"
+    """How the absent-fact examples ask: "question" (a natural question), "cloze" (a sentence start of the
+    synthetic corpus's templates, the form of the synthetic Table 3 analogue's prompts; a relation without one is
+    asked as a question) or "mixed" (either, at random)."""
     misread_rate: float = 0.0
     """Share of the query results replaced by another entity the text named before the read (`read_examples.
     misread`): the paper answers training reads from the imperfect memory its writer wrote, so the reader learns
@@ -68,3 +72,4 @@ class ReadRecipe:
     BOUNDS: ClassVar[dict] = {"q_thr": "positive", "max_queries": "positive", "context_free": "nonnegative",
                               "question_form": "nonnegative", "absent_questions": "nonnegative",
                               "misread_rate": "fraction", "counterfactual": "nonnegative"}
+    CHOICES: ClassVar[dict] = {"absent_form": ("question", "cloze", "mixed")}

@@ -448,3 +448,24 @@ def test_writes_grouped_by_how_often_their_relation_is_taught():
     # two relations taught equally often stay in one group, however the gold triples fall
     tied = agreement_by_relation_frequency(written, gold, {"rare": 5, "middle": 5, "common": 5})
     assert [(g["taught_min"], g["taught_max"], g["gold_unique"]) for g in tied] == [(0, None, 9)]
+
+
+def test_absent_examples_as_cloze_sentence_starts():
+    """`absent_form="cloze"`: a synthetic relation is asked as its corpus sentence start (no trailing space), as the
+    synthetic Table 3 analogue asks; "question" keeps the natural questions, "mixed" gives both."""
+    from data_gen.docred import documents_from_raw
+    from data_gen.synthetic import cloze_templates, fill_cloze, iter_synthetic, synthetic_rel_info
+
+    docs = list(documents_from_raw(list(iter_synthetic(6, seed=3)), synthetic_rel_info()))
+    forms = cloze_templates()
+    by_form = {form: [r for d in docs for r in absent_question_records(d, 4, form=form)]
+               for form in ("question", "cloze", "mixed")}
+    assert by_form["cloze"] and len(by_form["cloze"]) == len(by_form["question"])
+    for rec in by_form["cloze"]:
+        (subject, relation, _), prompt = rec["queries"][0], rec["segments"][0]["text"]
+        if relation in forms:
+            assert prompt in {fill_cloze(t, subject).rstrip() for t in forms[relation]}
+        else:
+            assert prompt.endswith("?")
+    assert all(r["segments"][0]["text"].endswith("?") for r in by_form["question"])
+    assert {r["segments"][0]["text"].endswith("?") for r in by_form["mixed"]} == {True, False}
