@@ -537,7 +537,8 @@ def _synthetic_edit_records(self, absent: list | None = None) -> list:
 def stage_editing(self):
     from experiments.tables import table3_markdown
     from memllm_jax.config import MEMORY_PRESETS
-    from memllm_jax.eval.editing import ZSRE_SHOTS, evaluate_editing, load_zsre
+    from memllm_jax.eval.editing import EDIT_BATCH, ZSRE_SHOTS, evaluate_editing, load_zsre
+    from memllm_jax.eval.scoring import ModelWork
 
     cfg = self.cfg.editing
     if not cfg.records:
@@ -556,11 +557,12 @@ def stage_editing(self):
             self.say(f"  editing: skipped records {skipped} of {cfg.records}: empty edit target 'alt'")
         if cfg.absent_questions:
             self.say("  editing: absent_questions asks about the synthetic edits' world only: none asked")
+    work = ModelWork()
     res = evaluate_editing(self.model("mw"), self.model("mr"), self.tokenizer(), self.encoder(), records, shots=shots,
                            memory_config=MEMORY_PRESETS[cfg.memory], max_new_tokens=cfg.max_new_tokens,
                            regimes=cfg.regimes, style=style, **_edit_checks(self), absent=absent,
-                           keep_empty=cfg.keep_empty, progress=self.say)
-    self.work.missing("every write, read and answer of the edits (eval/editing.py)")
+                           keep_empty=cfg.keep_empty, progress=self.say, work=work)
+    self.work.model_work(self.model("mr").cfg, work, EDIT_BATCH)
     out = {k: v.to_json() for k, v in res.items()}
     # a ZsRE file's results sit next to the synthetic analogue's: `table3_<file stem>.*`
     stem = "table3" if cfg.records == "synthetic" else "table3_" + pathlib.Path(cfg.records).stem

@@ -51,6 +51,7 @@ from memllm_jax.errors import InputError, load_json
 if TYPE_CHECKING:
     from memllm_jax.decode.writer import WriteDecoding
     from memllm_jax.eval.abstention import AbsentQuestion, AbstentionResult
+    from memllm_jax.eval.scoring import ModelWork
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,14 +184,18 @@ def edit_sentence(rec: EditRecord) -> str:
     return rec.statement or rec.src + protocol.WRITE_BRIDGE + rec.alt
 
 
+EDIT_BATCH = 32
+"""Rows per batch of the edits' writes and answers (`evaluate_editing`)."""
+
+
 def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord],
                   decoding: WriteDecoding | None = None, *,
                   batch_size: int = 16, grounded: bool = False, relations: Collection[str] | None = None,
-                  min_confidence: float | None = None) -> list[list[protocol.Triple]]:
+                  min_confidence: float | None = None, work: ModelWork | None = None) -> list[list[protocol.Triple]]:
     """Triples the memory-write model extracts from each edit sentence, decoded as `decoding` says
     (`decode.writer.WriteDecoding`; None: `EDIT_WRITE_TOKENS` with late stopping, paper Appendix A). `grounded` /
     `relations` / `min_confidence`: the memory stage's checks (`corpus_writer.check_written`), with the edit
-    sentence as both the document and the focus sentence."""
+    sentence as both the document and the focus sentence. `work`, if given, counts what ran through the model."""
     from memllm_jax.decode.corpus_writer import check_written
     from memllm_jax.decode.writer import WriteDecoding, decode_writes  # noqa: F811 - at run time
 
@@ -200,7 +205,9 @@ def extract_edits(write_model: Any, tok: Any, records: Sequence[EditRecord],
     out: list[list[protocol.Triple]] = []
     for i in range(0, len(prompts), batch_size):
         res = decode_writes(write_model, tok, prompts[i:i + batch_size], decoding, pad_to=batch_size)
-        for sentence, r in zip(sentences[i:i + batch_size], res):
+        for sentence, prompt, r in zip(sentences[i:i + batch_size], prompts[i:i + batch_size], res):
+            if work is not None:
+                work.generation(len(prompt), r["n_generated"], r["n_generated"])
             items = list(protocol.parse_write_call(r["text"]).items)  # unclosed: items closed by `;`
             out.append(check_written(items, r, tok, (sentence, sentence) if grounded else None, relations,
                                      min_confidence).kept)
@@ -227,8 +234,9 @@ def answer_questions(read_model: Any, tok: Any, memory: Any, questions: Sequence
 
 def ask_questions(read_model: Any, tok: Any, memory: Any, questions: Sequence[str], shots: Sequence[Shot], *,
                   max_new_tokens: int = 48, batch_size: int = 16, style: str = "qa",
-                  keep_empty: bool = False) -> list[Answer]:
-    """`answer_questions` with what each forced read returned."""
+                  keep_empty: bool = False, work: ModelWork | None = None) -> list[Answer]:
+    """`answer_questions` with what each forced read returned; `work`, if given, counts what ran through the
+    model (a rewind's re-fed tokens not counted)."""
     from memllm_jax.decode.reader import generate_with_memory
 
     if style not in ("qa", "cloze"):
@@ -249,6 +257,8 @@ def ask_questions(read_model: Any, tok: Any, memory: Any, questions: Sequence[st
                 for p, q in zip(prompts, questions)]
     res = generate_with_memory(read_model, tok, memory, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
                                chunk=16, stop_ids=stops, done_when=done, keep_empty=keep_empty)
+    for r in res if work is not None else ():
+        work.generation(len(r.prompt_ids), len(r.token_ids), r.n_generated)
     return [Answer(extract(_text_after(tok, list(r.prompt_ids) + list(r.token_ids), len(r.prompt_ids), q)),
                    tuple(r.calls[0].result) if r.calls else ())  # the forced read is the row's first call
             for r, q in zip(res, questions)]
@@ -364,25 +374,25 @@ def _score(records, ans_src, ans_reph, ans_loc, ans_loc_base, edits, regime, in_
 
 def evaluate_editing(write_model: Any, read_model: Any, tok: Any, encoder: Any, records: Sequence[EditRecord], *,
                      shots: Sequence[Shot] = ZSRE_SHOTS, regimes: Sequence[str] = ("sequential", "single"),
-                     memory_config=EDITING_MEMORY, batch_size: int = 32, max_new_tokens: int = 48,
+                     memory_config=EDITING_MEMORY, batch_size: int = EDIT_BATCH, max_new_tokens: int = 48,
                      style: str = "qa", write_decoding: WriteDecoding | None = None, grounded: bool = False,
                      relations: Collection[str] | None = None, min_confidence: float | None = None,
                      absent: Sequence[AbsentQuestion] = (), keep_empty: bool = False,
-                     progress: Callable[[str], None] | None = None) -> dict[str, EditingResult | AbstentionResult]:
+                     progress: Callable[[str], None] | None = None, work: ModelWork | None = None) -> dict[str, EditingResult | AbstentionResult]:
     """REL / GEN / LOC after all edits written in sequence ("sequential") and with one edit at a time ("single").
     `write_decoding` / `grounded` / `relations` / `min_confidence`: write the edits as the memory stage writes
     (`extract_edits`); `max_new_tokens`: the answers' budget. `absent`: questions about facts the memory does not
     hold, asked after the sequential edits (`abstention.ABSENT_KEY` block); `keep_empty`: every question's empty
-    read stays in its context."""
+    read stays in its context. `work`, if given, counts what the writes and the answers ran through the models."""
     from memllm_jax.eval.abstention import ABSENT_KEY, score_abstention
     from memllm_jax.memory import TripleMemory
 
     say = progress or (lambda _m: None)
     say(f"  editing: writing {len(records)} edits with the memory-write model")
     edits = extract_edits(write_model, tok, records, write_decoding, batch_size=batch_size, grounded=grounded,
-                          relations=relations, min_confidence=min_confidence)
+                          relations=relations, min_confidence=min_confidence, work=work)
     ask = lambda mem, qs: ask_questions(read_model, tok, mem, qs, shots, max_new_tokens=max_new_tokens,  # noqa: E731
-                                        batch_size=batch_size, style=style, keep_empty=keep_empty)
+                                        batch_size=batch_size, style=style, keep_empty=keep_empty, work=work)
     texts = lambda answers: [a.text for a in answers]  # noqa: E731
     reads = lambda answers: [a.read_results for a in answers]  # noqa: E731
     empty = TripleMemory(encoder, memory_config)

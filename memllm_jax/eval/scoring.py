@@ -77,6 +77,13 @@ class ModelWork:
         self.logits += n if logits else min(n, 1)
         self.attention_pairs += n * prefix + n * (n + 1) // 2
 
+    def generation(self, prompt: int, fed: int, generated: int) -> None:
+        """A row of generation: its `prompt` prefilled (logits at its end), then `fed` tokens one at a time, of
+        which `generated` were chosen by the model (the rest fed by the host, e.g. memory answers)."""
+        self.add(0, prompt, logits=False)
+        self.add(prompt, fed)
+        self.decoded += generated
+
     def __iadd__(self, other: "ModelWork") -> "ModelWork":
         for f in dataclasses.fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))

@@ -260,6 +260,7 @@ def test_rows_stop_once_their_answer_is_complete_with_the_answers_of_the_whole_b
     from memllm_jax.decode import reader
     from memllm_jax.config import EDITING_MEMORY
     from tests.support.scripted import PolicyModel
+    from memllm_jax.eval.scoring import ModelWork
     from memllm_jax.memory import TripleMemory
     from memllm_jax.memory.encoder import load_encoder
 
@@ -297,6 +298,12 @@ def test_rows_stop_once_their_answer_is_complete_with_the_answers_of_the_whole_b
     assert [f for f, _ in finished] == ["done"] * 3 and all(n < 60 for _, n in finished)
     if style == "cloze":  # the query (16 tokens with `)-->`) and " Kerek Group," (13)
         assert [n for _, n in finished] == [29] * 3
+        work = ModelWork()  # what ran through the model: the prompt, the generated tokens and the fed answer
+        editing.ask_questions(model, tok, mem, questions[:1], shots, max_new_tokens=60, style=style, work=work)
+        prompt = len(editing.build_cloze_prompt_ids(tok, questions[0]))
+        fed = 29 + len(tok.encode(protocol.format_read_result(["Kerek Group"])))
+        assert (work.decoded, work.positions, work.logits) == (29, prompt + fed, 1 + fed)
+        assert work.attention_pairs == prompt * (prompt + 1) // 2 + fed * prompt + fed * (fed + 1) // 2
     assert [a.read_results for a in editing.ask_questions(model, tok, mem, questions[:1], shots, max_new_tokens=60,
                                                           style=style)] == [("Kerek Group",)]
     monkeypatch.setattr(editing, "answer_complete", lambda text, style: False)  # never done: the whole budget
