@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from experiments.pipeline_config import STAGES
 from memllm_jax.bench import ceiling, roofline
-from memllm_jax.bench.host import cpu_info, describe
+from memllm_jax.bench.host import cpu_info, cpu_share, describe, read_cpu_times, share_reasons
 from memllm_jax.bench.train import step_flops
 from memllm_jax.files import atomic_write_json
 
@@ -171,7 +171,9 @@ def measure_ceilings(dtype: str) -> dict:
 def host_ceilings(dtype: str, measure: Callable[[str], dict] | None = None,
                   path: pathlib.Path | None = None) -> dict:
     """This host's ceilings in `dtype`, from the cache file or measured (`measure`, default `measure_ceilings`)
-    once and added to it (a cache file that does not parse is measured over)."""
+    once and added to it (a cache file that does not parse is measured over). A measurement during which other
+    processes kept the CPU busy (`bench.host.share_reasons`) is not cached: it says so under "busy", and the
+    next run measures again."""
     measure = measure_ceilings if measure is None else measure
     path = cache_path() if path is None else path
     key = host_key(dtype)
@@ -185,7 +187,11 @@ def host_ceilings(dtype: str, measure: Callable[[str], dict] | None = None,
     if isinstance(entry, dict) and isinstance(entry.get("matmul_flops"), (int, float)) \
             and isinstance(entry.get("bandwidth_bytes_per_s"), (int, float)):
         return entry
+    before = read_cpu_times()
     entry = measure(dtype)
+    busy = share_reasons(cpu_share(before, read_cpu_times()))
+    if busy:  # a ceiling measured beside other work is this run's only: the next run measures again
+        return {**entry, "busy": "; ".join(busy)}
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {**cached, key: entry}, indent=1)
     return entry
@@ -261,6 +267,8 @@ def table_markdown(table: dict | None) -> str:
     c = table.get("ceilings")
     head = (f"ceilings ({table.get('dtype')}): {c['matmul']}; memory bandwidth {c['bandwidth_bytes_per_s'] / 1e9:.1f} "
             "GB/s" if c else "ceilings: not measured")
+    if c and c.get("busy"):
+        head += f" (measured while the host was busy: {c['busy']})"
     lines = [title, "", head, "",
              "| stage | tokens | GFLOP | seconds | compile s | GFLOP/s | of matmul ceiling | decode: of bandwidth "
              "bound | not measured |",

@@ -71,6 +71,7 @@ def test_the_ceilings_are_measured_once_per_host_and_a_corrupt_cache_is_measured
         return dict(CEILINGS)
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(R, "share_reasons", lambda share: [])  # an idle host, whatever runs beside this test
     path = R.cache_path()
     assert path == tmp_path / "memllm_jax" / "host_ceilings.json"
     assert R.host_ceilings("float32", measure) == CEILINGS
@@ -81,6 +82,24 @@ def test_the_ceilings_are_measured_once_per_host_and_a_corrupt_cache_is_measured
     path.write_text("{not json")
     assert R.host_ceilings("float32", measure) == CEILINGS and calls[-1] == "float32" and len(calls) == 3
     assert R.host_ceilings("float32", measure) == CEILINGS and len(calls) == 3
+
+
+def test_a_ceiling_measured_on_a_busy_host_is_not_cached(tmp_path, monkeypatch):
+    calls = []
+
+    def measure(dtype):
+        calls.append(dtype)
+        return dict(CEILINGS)
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(R, "share_reasons", lambda share: ["other processes kept 80% of the CPU busy"])
+    got = R.host_ceilings("bfloat16", measure)
+    assert got["busy"] == "other processes kept 80% of the CPU busy" and not R.cache_path().exists()
+    assert "measured while the host was busy" in R.table_markdown({"dtype": "bfloat16", "ceilings": got,
+                                                                   "rows": [{"stage": "mw", "recorded": False}]})
+    monkeypatch.setattr(R, "share_reasons", lambda share: [])
+    assert R.host_ceilings("bfloat16", measure) == CEILINGS and calls == ["bfloat16", "bfloat16"]
+    assert R.host_ceilings("bfloat16", measure) == CEILINGS and len(calls) == 2  # idle: cached
 
 
 def test_compile_seconds_come_from_jax_events():
