@@ -171,6 +171,7 @@ def test_a_tiny_run_writes_a_roofline_row_per_stage(tmp_path, monkeypatch):
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(R, "measure_ceilings", lambda dtype: dict(CEILINGS))
+    monkeypatch.setattr(R, "share_reasons", lambda share: [])  # cached however busy the host is
     cfg = replace(default_tiny.get_config(), {
         "data.synth_docs": 80, "data.eval_docs": 5, "base.pretrain.steps": 6, "mw.steps": 6, "mr.steps": 6,
         "editing.n_edits": 2, "scaling.sizes": (0,), "table2.rows": ("baseline1", "row3")})
@@ -181,7 +182,8 @@ def test_a_tiny_run_writes_a_roofline_row_per_stage(tmp_path, monkeypatch):
     assert list(rows) == list(STAGES) and table["ceilings"] == CEILINGS
     assert rows["mw"]["trained_tokens"] == 6 * cfg.mw.global_batch * cfg.mw.seq_len and rows["mw"]["of_ceiling"] > 0
     assert rows["memory"]["decoded_tokens"] > 0 and rows["memory"]["of_bandwidth_bound"] > 0
-    assert rows["table2"]["prefilled_tokens"] > 0 and rows["editing"]["not_measured"]
+    assert rows["table2"]["prefilled_tokens"] > 0
+    assert rows["editing"]["decoded_tokens"] > 0 and not rows["editing"]["not_measured"]
     assert all(r["compile_seconds"] >= 0 for r in rows.values())
     assert sum(line.startswith("[memory] roofline: ") for line in said) == 1
     assert "**Roofline**" in (tmp_path / "run" / "results" / "report.md").read_text()
