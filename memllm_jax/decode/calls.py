@@ -73,12 +73,14 @@ class Row:
 
 def merge_results(results: Sequence[Any], q_thr: int | None = None) -> tuple[tuple[str, ...], bool]:
     """(entities in first-seen order, too large) for the results of one call's queries: too large when a query
-    matched too many (its result holds no entities) or the call's entities number more than `q_thr`. Generation
+    matched too many (its entities are not taken) or the call's entities number more than `q_thr`. Generation
     (`CallBook`) then removes the call; Table 2's reads (`eval.perplexity`) keep what the other queries found."""
     entities: list[str] = []
     too_large = False
     for r in results:
-        too_large |= bool(r.too_large)
+        if r.too_large:  # an exact match over q_thr may leave the entities of the nearest-neighbour search
+            too_large = True
+            continue
         for e in r.entities:
             if e not in entities:
                 entities.append(e)

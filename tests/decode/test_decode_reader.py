@@ -210,3 +210,17 @@ def test_sampling_through_the_controller_is_reproducible_per_seed():
     cfg = SamplingConfig(temperature=20.0)
     runs = [run(model, FakeMemory({}), max_new_tokens=8, sampling=cfg, seed=s)[0].text for s in (0, 0, 1)]
     assert runs[0] == runs[1] and runs[0] != runs[2] and len(runs[0]) == 8
+
+
+def test_merge_results_takes_no_entities_from_a_too_large_query():
+    """A call's results: entities in first-seen order, none from a query that matched too many; too large when one
+    did or the call's entities exceed q_thr (generation then removes the call, Table 2 keeps the rest)."""
+    from types import SimpleNamespace as R
+
+    from memllm_jax.decode.calls import merge_results
+
+    results = [R(entities=["a", "b"], too_large=False), R(entities=["x"], too_large=True),
+               R(entities=["b", "c"], too_large=False)]
+    assert merge_results(results) == (("a", "b", "c"), True)
+    assert merge_results(results[::2]) == (("a", "b", "c"), False)
+    assert merge_results(results[::2], q_thr=2) == (("a", "b", "c"), True)
