@@ -266,8 +266,7 @@ class GreedyGenerator:
                 out[i] = rows_out.out_BxC[b, :rows_out.n_out_B[b]].tolist()
                 self.work.add(done_P[b], len(chunk[b]) - done_P[b], logits=False)
                 n = len(out[i])  # each generated token is fed (the first comes from the prefill's logits)
-                for j in range(n):
-                    self.work.add(len(chunk[b]) + j, 1)
+                self.work.add(len(chunk[b]), n)
                 self.work.decoded += n
         return out
 
