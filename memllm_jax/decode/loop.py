@@ -52,8 +52,8 @@ class LoopSpec:
 
 def run_steps(step: Callable[[Any], Any], more: Callable[[jax.Array, Any], jax.Array], s: Any) -> tuple[Any, jax.Array]:
     """The library's one jitted decoding loop: `s = step(s)` while `more(steps_run, s)`; returns the final state
-    and the steps run. The read chunk (`read_chunk`: `_read_step`, with greedy generation its special case) and the
-    memory-write loop (`step.run_writes`) bring their own step and exit test; nothing leaves the device inside."""
+    and the steps run. The read chunk (`read_chunk`: `_read_step`), the memory-write loop (`step.run_writes`) and greedy
+    generation (`eval.scoring.GreedyGenerator`) bring their own step and exit test; nothing leaves the device inside."""
     return jax.lax.while_loop(lambda c: more(c[1], c[0]), lambda c: (step(c[0]), c[1] + 1), (s, jnp.int32(0)))
 
 

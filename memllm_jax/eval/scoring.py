@@ -8,6 +8,7 @@ length to buckets so that a handful of shapes are compiled per run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import jax
@@ -15,16 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from memllm_jax.decode import state as st
-from memllm_jax.decode.graph import cache_factory, host, split_model
-from memllm_jax.decode.loop import LoopSpec, read_chunk
+from memllm_jax.decode.graph import cache_factory, host, layered, merge, split_model
+from memllm_jax.decode.loop import run_steps
 from memllm_jax.decode.prefill import prefill
+from memllm_jax.decode.sampling import argmax
 from memllm_jax.decode.shapes import doubled, round_up
 from memllm_jax.model.decoder import init_cache
-
-_NO_KEY = np.zeros(2, np.uint32)
-"""The PRNG key of greedy decoding, which draws nothing."""
-
 
 def batches_by_length(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     """Indices of `lengths` in batches of at most `batch_size`, shortest first, so that each batch is padded to
@@ -216,8 +213,12 @@ class Scorer:
 class GreedyGenerator:
     """Batched greedy decoding with a KV cache until one of `stop_ids` (kept) or `max_new` tokens: the prompt
     prefilled as the decoding loop does (`decode.prefill.prefill`), then every new token of a batch in one call of
-    the read loop (`decode.loop.read_chunk`, with no read markers: the stop tokens end a row), on caches of a few
-    power-of-two lengths (few compiled shapes)."""
+    the decoding loop (`decode.loop.run_steps`, no host round trip per token), on caches of a few power-of-two
+    lengths (few compiled shapes).
+
+    Its step is its own, not the read chunk's: the read chunk's compiled program (the same arithmetic per row)
+    rounds differently enough to flip a near-tie, 1 of Table 2 row 5's 272 queries on an AMX Xeon (bf16 operands),
+    which moved rows 5 and 6 in the third digit."""
 
     def __init__(self, model: nnx.Module, batch_size: int = 8, pad_id: int = 0):
         self.graphdef, self.params = split_model(model)
@@ -233,7 +234,7 @@ class GreedyGenerator:
         """New tokens per prefix, ending with the stop token when one was produced. With `kept[i] = (kv, P)`,
         the first P tokens of prefix i are taken from kept keys / values (`Scorer.score(..., keep_kv=True)`)
         and only the rest is encoded (models without their own cache only)."""
-        stops = tuple(sorted(set(int(s) for s in stop_ids)))
+        stops_S = jnp.asarray(sorted(set(int(s) for s in stop_ids)), jnp.int32)
         B = self.batch_size
         out: list[list[int]] = [[] for _ in prefixes]
         if self._own_cache:
@@ -253,22 +254,35 @@ class GreedyGenerator:
             rows = [p[P:] for p, P in zip(chunk, done_P)] + [[self.pad_id]] * (B - len(chunk))
             cache, logits_BxV = prefill(self.graphdef, self.params, cache, np.zeros((B, self.vocab), np.float32),
                                         rows, self.pad_id, donate=True)
-            spec = LoopSpec(chunk=int(max_new), eos_id=-1, read_open_id=-1, read_end_id=-1, max_len=cache_len,
-                            pad_id=self.pad_id, exit_paused=B + 1, stop_ids=stops)
-            s = st.DecodeState(cache=cache, logits_BxV=logits_BxV, out_BxC=np.zeros((B, spec.chunk), np.int32),
-                               n_out_B=np.zeros(B, np.int32), budget_B=np.full(B, spec.chunk, np.int32),
-                               status_B=np.where(np.arange(B) < len(chunk), st.RUNNING, st.IDLE).astype(np.int32),
-                               in_call_B=np.zeros(B, bool), active_call_B=np.zeros(B, bool),
-                               ban_read_B=np.zeros(B, bool), rng=_NO_KEY)
-            rows_out = st.HostRows.unpack(host(read_chunk(self.graphdef, self.params, s, spec, longest=longest)[1]),
-                                          forced=False)
+            idle_B = np.arange(B) >= len(chunk)
+            new_BxN = host(_greedy(self.graphdef, self.params, cache, logits_BxV, stops_S, idle_B, max_new=int(max_new)))
             for b, i in enumerate(batch):
-                out[i] = rows_out.out_BxC[b, :rows_out.n_out_B[b]].tolist()
+                out[i] = [int(t) for t in new_BxN[b] if t >= 0]
                 self.work.add(done_P[b], len(chunk[b]) - done_P[b], logits=False)
                 n = len(out[i])  # each generated token is fed (the first comes from the prefill's logits)
                 self.work.add(len(chunk[b]), n)
                 self.work.decoded += n
         return out
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new"))
+def _greedy(graphdef, params, cache, logits_BxV, stops_S, idle_B, max_new: int):
+    """Greedy tokens after the prefilled `cache` / `logits_BxV`: row b's new tokens in `[b, :n]`, -1 after; a
+    row stops after a token in `stops_S` (kept), the loop once every row stopped or after `max_new` tokens."""
+    model = merge(graphdef, params)
+    B = logits_BxV.shape[0]
+
+    def step(s):
+        next_B, done_B, new_BxN, cache, i = s
+        new_BxN = new_BxN.at[:, i].set(jnp.where(done_B, -1, next_B))
+        done_B = done_B | jnp.isin(next_B, stops_S)
+        logits_Bx1xV, cache = model(next_B[:, None], cache.lengths_B[:, None], cache=cache)
+        return argmax(logits_Bx1xV[:, 0]), done_B, new_BxN, cache, i + 1
+
+    s = (argmax(logits_BxV), jnp.asarray(idle_B), jnp.full((B, max_new), -1, jnp.int32), layered(cache, model),
+         jnp.int32(0))
+    s, _ = run_steps(step, lambda i, s: (i < max_new) & ~jnp.all(s[1]), s)
+    return s[2]
 
 
 def _with_prefixes(cache, kvs: Sequence[PrefixKV], lengths: Sequence[int]):
