@@ -23,13 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--matmul-sizes", default="512,1024,2048", help="sides of the square matmuls for the ceiling")
 
 
-def hf_mistral(cfg: ModelConfig, seed: int = 0, dtype: str = "float32"):
-    """A random `MistralForCausalLM` (eager attention) with the shapes of `cfg`, in eval mode."""
-    import torch
-    from transformers import MistralConfig, MistralForCausalLM
+def hf_mistral_config(cfg: ModelConfig):
+    """The HF `MistralConfig` (eager attention) with the shapes of `cfg`."""
+    from transformers import MistralConfig
 
-    torch.manual_seed(seed)
-    hf_cfg = MistralConfig(
+    return MistralConfig(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.d_model,
         intermediate_size=cfg.d_ff,
@@ -44,6 +42,15 @@ def hf_mistral(cfg: ModelConfig, seed: int = 0, dtype: str = "float32"):
         tie_word_embeddings=cfg.tie_embeddings,
         attn_implementation="eager",
     )
+
+
+def hf_mistral(cfg: ModelConfig, seed: int = 0, dtype: str = "float32"):
+    """A random `MistralForCausalLM` (eager attention) with the shapes of `cfg`, in eval mode."""
+    import torch
+    from transformers import MistralForCausalLM
+
+    torch.manual_seed(seed)
+    hf_cfg = hf_mistral_config(cfg)
     model = MistralForCausalLM(hf_cfg).to(getattr(torch, dtype)).eval()
     # HF initialises norms to ones; randomise them so the parity test also checks the norm mapping.
     with torch.no_grad():

@@ -21,6 +21,7 @@ import os
 import numpy as np
 
 from memllm_jax.bench import ceiling, roofline
+from memllm_jax.bench.model import hf_mistral_config
 from memllm_jax.bench.timing import interleaved, markdown_table, ratio_row, samples_line
 from memllm_jax.bench.workers import Spec, interleaved_in_workers
 from memllm_jax.runtime.host_memory import keep_freed_memory
@@ -124,15 +125,9 @@ def hf_peft(cfg, lora_cfg, tcfg, batch, threads: int = 0):
 
     torch.set_num_threads(threads or os.cpu_count() or 1)
     from peft import LoraConfig as PeftLora, get_peft_model
-    from transformers import MistralConfig, MistralForCausalLM
+    from transformers import MistralForCausalLM
 
-    hf_cfg = MistralConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
-        head_dim=cfg.head_dim, max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
-        rope_theta=cfg.rope_theta, sliding_window=cfg.sliding_window, tie_word_embeddings=cfg.tie_embeddings,
-        attn_implementation="eager",
-    )
+    hf_cfg = hf_mistral_config(cfg)
     torch.manual_seed(0)
     model = MistralForCausalLM(hf_cfg)
     names = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
