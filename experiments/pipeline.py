@@ -101,6 +101,7 @@ class Pipeline:
                 self.say(f"[{name}] settings changed since its last run: {'; '.join(changed) or 'an upstream stage'}")
             else:
                 self.say(f"[{name}] stamped by an older version of the pipeline: running again")
+        self.compilation_cache_dir()
         t0 = time.perf_counter()
         self.say(f"[{name}] running")
         self.work = roofline_table.Work()
@@ -114,6 +115,17 @@ class Pipeline:
                            "settings": stage_settings(self.cfg, name)}, indent=1, default=str)
         self.say(f"[{name}] done in {seconds:.1f}s")
         self._roofline(name, seconds, work)
+
+    def compilation_cache_dir(self) -> str | None:
+        """JAX's persistent cache, enabled before the first stage compiles anything (`cfg.compilation_cache`);
+        its directory, or None when the config turns it off."""
+        if self.cfg.compilation_cache is None:
+            return None
+        if "xla_cache" not in self._cache:
+            from memllm_jax import compilation_cache  # imports jax: not at `memllm run --help`
+
+            self._cache["xla_cache"] = compilation_cache.enable(self.out.resolve().parent / self.cfg.compilation_cache)
+        return self._cache["xla_cache"]
 
     def _roofline(self, name: str, seconds: float, work: dict) -> None:
         """Print the stage's roofline line and rewrite `results/roofline.json` from every stamp; the host's

@@ -244,6 +244,10 @@ class PipelineConfig:
     table2: Table2Config = Table2Config()
     editing: EditingConfig = EditingConfig()
     scaling: ScalingConfig = ScalingConfig()
+    compilation_cache: str | None = ".xla_cache"
+    """JAX's persistent compilation cache for every stage (`memllm_jax.compilation_cache`), relative to the
+    run directory's parent, so the runs beside it (other configs, sweep points) and a rerun stage reuse the
+    programs compiled before; None: off. It changes no figure: a program read back is the one compiled."""
 
     CHOICES: ClassVar[dict] = {"matmul_dtype": ("float32", "bfloat16", "auto")}
 

@@ -139,6 +139,8 @@ def _train(self, section: str, recipe, data_file: str, init: str | None):
                               eval_data=(str(dev),) if dev.exists() else recipe.eval_data,
                               tokenizer=str(self.out / "tokenizer"), workdir=str(_training_workdir(self, section)),
                               init_checkpoint=init)
+    if self.cfg.compilation_cache is not None:  # the pipeline's cache (already enabled), not the recipe's own
+        cfg = dataclasses.replace(cfg, compilation_cache=str(self.out.resolve().parent / self.cfg.compilation_cache))
     self.say(f"  training {section}: {cfg.name} -> {cfg.workdir}")
     result = train(cfg)
     if isinstance(result, dict):

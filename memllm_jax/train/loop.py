@@ -25,7 +25,7 @@ from typing import Any, Iterable
 import jax
 import numpy as np
 
-from memllm_jax import runtime
+from memllm_jax import compilation_cache, runtime
 from memllm_jax.checkpoint import save_params
 from memllm_jax.errors import InputError
 from memllm_jax.files import atomic_write_json
@@ -92,17 +92,11 @@ def initialize_distributed(coordinator: str | None = None, num_processes: int | 
 
 
 def enable_compilation_cache(cfg: TrainConfig) -> str | None:
-    """Point JAX's persistent compilation cache at `cfg.compilation_cache` (every compiled step is kept)."""
+    """Point JAX's persistent compilation cache at `cfg.compilation_cache` (`compilation_cache.enable`: a
+    subdirectory per kind of host); a relative path is taken relative to the parent of the workdir."""
     if cfg.compilation_cache is None:
         return None
-    path = cfg.compilation_cache
-    if not os.path.isabs(path):
-        path = os.path.join(os.path.dirname(os.path.abspath(cfg.workdir)), path)
-    os.makedirs(path, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    return path
+    return compilation_cache.enable(os.path.join(os.path.dirname(os.path.abspath(cfg.workdir)), cfg.compilation_cache))
 
 
 def initial_model(cfg: TrainConfig, mesh, tok):

@@ -454,3 +454,17 @@ def test_a_rerun_training_stage_starts_over_and_an_interrupted_one_resumes(tmp_p
     left.mkdir()
     _training_workdir(other, "mw")
     assert left.exists()
+
+
+def test_every_stage_shares_one_compilation_cache_beside_the_run(tmp_path, monkeypatch):
+    """The cache sits beside the run directory (shared by the runs there), a directory per kind of host; the
+    training stages get the same directory instead of their recipe's own; None turns it off."""
+    from memllm_jax import compilation_cache
+
+    enabled = []
+    monkeypatch.setattr(compilation_cache, "enable", lambda path: enabled.append(path) or str(path / "host-x"))
+    pipe = Pipeline(tiny(), tmp_path / "run")
+    assert pipe.compilation_cache_dir() == str(tmp_path / ".xla_cache" / "host-x") == pipe.compilation_cache_dir()
+    assert enabled == [tmp_path / ".xla_cache"]  # enabled once per process
+    assert Pipeline(tiny({"compilation_cache": None}), tmp_path / "run").compilation_cache_dir() is None
+    assert stage_key(tiny(), "mw") == stage_key(tiny({"compilation_cache": "elsewhere"}), "mw")  # no figure moves
