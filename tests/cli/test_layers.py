@@ -8,7 +8,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 LAYERS = (
     {"memllm_jax", "errors", "protocol", "files", "options", "settings", "config", "runtime", "sharding", "docred",
-     "html"},
+     "html", "compilation_cache"},
     {"model", "checkpoint", "tokenizer"},  # the tokenizer reads a model's directory or .gguf file (model.gguf)
     {"memory"},
     {"decode"},
