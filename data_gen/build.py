@@ -24,6 +24,7 @@ from data_gen.recipes import ReadRecipe, WriteRecipe
 from data_gen.read_examples import (absent_question_records, context_free_records, misread, question_form_records,
                                    read_records, scan_read_points)
 from data_gen.stats import Stats
+from data_gen.two_hop import two_hop_records
 from data_gen.write_examples import (context_free_items, iter_write_items, question_form_items, write_coverage,
                                      write_record)
 from memllm_jax import protocol as P
@@ -72,7 +73,7 @@ def lm_record(doc: Document) -> dict:
 def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, write: WriteRecipe, read: ReadRecipe,
                    seed: int = 0) -> Iterator[tuple[str, dict]]:
     """The `kinds` of examples of one document, as `(kind, record)`; extra write / read examples are marked
-    `"context_free"` / `"question_form"` / `"absent"` (`WriteRecipe`, `ReadRecipe`)."""
+    `"context_free"` / `"question_form"` / `"absent"` / `"two_hop"` (`WriteRecipe`, `ReadRecipe`)."""
     stats.documents += 1
     if "write" in kinds:
         for item in iter_write_items(doc, write.pretext_sentences, write.evidence):
@@ -113,6 +114,10 @@ def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, write
         for rec in absent_question_records(doc, read.absent_questions, seed, query_fn, read.absent_form):
             stats.read_examples += 1
             stats.absent_reads += 1
+            yield "read", rec
+        for rec in two_hop_records(doc, read.two_hop, seed):
+            stats.read_examples += 1
+            stats.two_hop_reads += 1
             yield "read", rec
     if "eval" in kinds:
         rec = eval_record(doc, max_queries=read.max_queries, filter_ambiguous=read.filter_ambiguous)

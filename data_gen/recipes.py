@@ -62,6 +62,10 @@ class ReadRecipe:
     """How the absent-fact examples ask: "question" (a natural question), "cloze" (a sentence start of the
     synthetic corpus's templates, the form of the synthetic Table 3 analogue's prompts; a relation without one is
     asked as a question) or "mixed" (either, at random)."""
+    two_hop: int = 0
+    """Extra examples per document: a two-hop question over two of its triples (X r1 C, C r2 Y), the read of X and
+    r1, its result, C stated, the read of C and r2, its result and Y (`data_gen.two_hop.two_hop_records`). Not in
+    the paper (its Limitations: composite relations are not used)."""
     misread_rate: float = 0.0
     """Share of the query results replaced by another entity the text named before the read (`read_examples.
     misread`): the paper answers training reads from the imperfect memory its writer wrote, so the reader learns
@@ -71,5 +75,5 @@ class ReadRecipe:
 
     BOUNDS: ClassVar[dict] = {"q_thr": "positive", "max_queries": "positive", "context_free": "nonnegative",
                               "question_form": "nonnegative", "absent_questions": "nonnegative",
-                              "misread_rate": "fraction", "counterfactual": "nonnegative"}
+                              "two_hop": "nonnegative", "misread_rate": "fraction", "counterfactual": "nonnegative"}
     CHOICES: ClassVar[dict] = {"absent_form": ("question", "cloze", "mixed")}

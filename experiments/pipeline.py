@@ -230,4 +230,5 @@ class Pipeline:
     stage_table2 = stages.stage_table2
     stage_editing = stages.stage_editing
     stage_scaling = stages.stage_scaling
+    stage_two_hop = stages.stage_two_hop
     stage_report = stages.stage_report

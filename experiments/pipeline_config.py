@@ -224,6 +224,23 @@ class ScalingConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TwoHopConfig:
+    """Two-hop questions (not in the paper, whose Limitations say composite relations are not used): a question
+    over two facts of the evaluation documents, answered by two reads in one generation (`eval.two_hop`)."""
+
+    questions: int = 0
+    """> 0: ask this many two-hop questions over the evaluation documents' facts, the memory holding their one-hop
+    facts, with the model's reads, without memory and with the gold reads; for a reader trained with
+    `data.read.two_hop`. 0 = off."""
+    max_new_tokens: int = 64
+    """Tokens generated per question: two reads (~12 tokens each), the middle entity and the answer."""
+    batch: int = 16
+    """Questions generated together."""
+
+    BOUNDS: ClassVar[dict] = {"questions": "nonnegative", "max_new_tokens": "positive", "batch": "positive"}
+
+
+@dataclasses.dataclass(frozen=True)
 class PipelineConfig:
     name: str = "default"
     """Run name (shown in the report)."""
@@ -244,6 +261,7 @@ class PipelineConfig:
     table2: Table2Config = Table2Config()
     editing: EditingConfig = EditingConfig()
     scaling: ScalingConfig = ScalingConfig()
+    two_hop: TwoHopConfig = TwoHopConfig()
     compilation_cache: str | None = ".xla_cache"
     """JAX's persistent compilation cache for every stage (`memllm_jax.compilation_cache`), relative to the
     run directory's parent, so the runs beside it (other configs, sweep points) and a rerun stage reuse the
@@ -284,7 +302,8 @@ STAGES: dict[str, Stage] = {
     "table2": Stage(("table2",), ("mr", "memory")),
     "editing": Stage(("editing",), ("mw", "mr", "memory")),  # the edits are written with the memory stage's settings
     "scaling": Stage(("scaling",), ("mr", "memory")),
-    "report": Stage((), ("diagnostics", "table2", "editing", "scaling")),
+    "two_hop": Stage(("two_hop", "write.encoder"), ("mr",)),  # its memory: the evaluation documents' gold triples
+    "report": Stage((), ("diagnostics", "table2", "editing", "scaling", "two_hop")),
 }
 """The stages in order. A stage reruns when a group it reads or any stage upstream of it changes, and only then:
 more memory-read training steps rerun `mr` and the evaluations, not `memory`."""

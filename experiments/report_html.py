@@ -1,7 +1,8 @@
 """`results/index.html`: one self-contained page of a pipeline run, built from its files alone (no model).
 
 Sections: held-out and copy diagnostics, Table 2 with its chart (log scale when the perplexities span more
-than a factor of 20) and the read diagnostics, Table 3, scaling, the roofline table (`roofline_table`), the
+than a factor of 20) and the read diagnostics, Table 3, scaling, two-hop questions with
+the model's read chains, the roofline table (`roofline_table`), the
 training curves of `train/*/metrics.jsonl`, and the read traces the table2 stage saved in `results/traces/<row>.json` (first documents of each row). The
 tables are the report's markdown tables (experiments/tables.py) rendered as HTML, so both always agree.
 """
@@ -114,6 +115,25 @@ def traces_section(results: pathlib.Path) -> str:
     return "<h2 id=\"traces\">Read traces</h2>" + H.trace_legend() + "".join(parts)
 
 
+def two_hop_chains(result: Any) -> str:
+    """The first two-hop questions with the reads the model chained (each call, what it returned and whether it
+    left the context) and its answers."""
+    examples = (result or {}).get("examples") if isinstance(result, dict) else None
+    if not examples:
+        return ""
+    rows = []
+    for e in examples:
+        reads = "<br>".join(f"<code>{H.esc(c['call'])}</code> → {H.esc(', '.join(c['result']) or '∅')}"
+                            + (f" <span class=\"note\">(removed: {H.esc(c['removed'])})</span>" if c["removed"] else "")
+                            for c in e["trace"]) or "–"
+        mark = "✓" if e["exact"] else "✗"
+        rows.append(f"<tr><td>{H.esc(e['question'])}</td><td>{reads}</td><td>{H.esc(e['with_memory'])} {mark}</td>"
+                    f"<td>{H.esc(e['answer'])} (via {H.esc(e['middle'])})</td><td>{H.esc(e['without_memory'])}</td></tr>")
+    return ("<details open><summary>Read chains of the first questions</summary><table><tr><th>question</th>"
+            "<th>the model's reads</th><th>answer with memory</th><th>expected</th><th>without memory</th></tr>"
+            + "".join(rows) + "</table></details>")
+
+
 def build(run: str | pathlib.Path) -> pathlib.Path:
     """Write `<run>/results/index.html` from the run's result files and training metrics."""
     from experiments.tables import diagnostics_markdown, read_diagnostics_markdown, table2_markdown
@@ -137,6 +157,9 @@ def build(run: str | pathlib.Path) -> pathlib.Path:
     if (res / "scaling.md").exists():
         body += ["<h2>Scaling</h2>", markdown_to_html((res / "scaling.md").read_text()),
                  scaling_chart(_load(res / "scaling.json"))]
+    if (res / "two_hop.md").exists():
+        body += ["<h2 id=\"two-hop\">Two-hop questions</h2>", markdown_to_html((res / "two_hop.md").read_text()),
+                 two_hop_chains(_load(res / "two_hop.json"))]
     if any(run.glob("stages/*.json")):
         body += ["<h2 id=\"roofline\">Roofline</h2>", markdown_to_html(table_markdown(_load(res / "roofline.json")))]
     curves = training_curves(run)

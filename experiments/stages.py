@@ -609,6 +609,34 @@ def stage_scaling(self):
     return {"points": len(points), "growth": len(growth)}
 
 
+def stage_two_hop(self):
+    from data_gen.gold_memory import fill_memory, gold_triples
+    from data_gen.two_hop import two_hop_questions
+    from experiments.tables import two_hop_markdown
+    from memllm_jax.eval.scoring import ModelWork
+    from memllm_jax.eval.two_hop import evaluate_two_hop
+    from memllm_jax.memory import TripleMemory
+
+    cfg = self.cfg.two_hop
+    if not cfg.questions:
+        return {"skipped": True}
+    docs = _documents(self, "eval")
+    questions = two_hop_questions([t for d in docs for t in gold_triples(d)], cfg.questions, self.cfg.data.synth_seed)
+    memory = TripleMemory(self.encoder())
+    n = fill_memory(memory, docs)
+    self.say(f"  two-hop: {len(questions)} questions; the memory holds the {n} one-hop facts of the evaluation documents")
+    work = ModelWork()
+    res = evaluate_two_hop(self.model("mr"), self.tokenizer(), memory, TripleMemory(self.encoder()), questions,
+                           max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch, work=work)
+    self.work.model_work(self.model("mr").cfg, work, cfg.batch)
+    out = res.to_json()
+    _save_json(self.out / "results" / "two_hop.json", out)
+    md = two_hop_markdown(out)
+    atomic_write_text(self.out / "results" / "two_hop.md", md + "\n")
+    self.say(md)
+    return {"questions": len(questions)}
+
+
 def stage_report(self):
     from experiments.tables import results_tables
 

@@ -79,6 +79,20 @@ def absent_markdown(r: Mapping) -> str:
         f"| {r['empty_reads']:.2f} | {present} |"])
 
 
+def two_hop_markdown(r: Mapping) -> str:
+    """The two-hop block (`eval.two_hop`): composite relations answered by two reads."""
+    n = r["n_questions"]
+    return "\n".join([
+        f"**Two-hop questions** — {n} questions over two facts of the evaluation documents (\"What is the r2 of the r1 "
+        "of X?\"), the memory holding the one-hop facts; not in the paper, which does not use composite relations.",
+        "", "| answers | exact |", "|---|---|",
+        f"| with memory (the model's reads) | {r['exact_with_memory']:.2f} |",
+        f"| without memory | {r['exact_without_memory']:.2f} |",
+        f"| gold reads in the prompt (ceiling) | {r['exact_gold_reads']:.2f} |", "",
+        f"With memory: a second read made on {r['chained']:.2f} of the questions; the first read returned the middle "
+        f"entity on {r['first_read_hit']:.2f}, a later read the answer on {r['second_read_hit']:.2f}."])
+
+
 def read_diagnostics_markdown(results: Mapping[str, Mapping]) -> str:
     """Per Table 2 row that reads: reads issued, with results, with the target among the results, and (where
     the model writes queries at gold positions) how often its query names the gold entity / relation."""
@@ -197,8 +211,8 @@ def scaling_markdown(points: Sequence[Mapping], growth: Sequence[Mapping]) -> st
 
 def results_tables(res: str | pathlib.Path) -> list[str]:
     """The markdown tables of a run's results directory in the report's order: diagnostics (held-out check,
-    memory-write precision / recall, copy probe), Table 2 and its read diagnostics, each Table 3, scaling. Table
-    2, 3 and scaling are the files their stages wrote; then the roofline table (`roofline_table`). Absent results
+    memory-write precision / recall, copy probe), Table 2 and its read diagnostics, each Table 3, scaling, two-hop
+    questions. Table 2, 3, scaling and two-hop are the files their stages wrote; then the roofline table (`roofline_table`). Absent results
     are left out. One block per table group (`results/report.md` and RESULTS.md)."""
     res = pathlib.Path(res)
 
@@ -209,7 +223,7 @@ def results_tables(res: str | pathlib.Path) -> list[str]:
     diag = diagnostics_markdown(load("corpus.json"), load("diagnostics.json"))
     if diag:
         blocks.append(diag)
-    for name in ("table2.md", *sorted(p.name for p in res.glob("table3*.md")), "scaling.md"):
+    for name in ("table2.md", *sorted(p.name for p in res.glob("table3*.md")), "scaling.md", "two_hop.md"):
         if (res / name).exists():
             blocks.append((res / name).read_text())
         if name == "table2.md" and load("table2.json"):

@@ -238,9 +238,10 @@ def test_stage_keys_follow_the_data_flow():
     memory-write model) survives more memory-read steps, and an encoder change keeps both adapters."""
     base = replace(PipelineConfig(), {"mw.steps": 5, "mr.steps": 5})
     assert changed_stages(base, replace(base, {"mr.steps": 9})) == ["mr", "diagnostics", "table2", "editing", "scaling",
-                                                                    "report"]
+                                                                    "two_hop", "report"]
     assert changed_stages(base, replace(base, {"write.encoder": "other"})) == [
-        "memory", "diagnostics", "table2", "editing", "scaling", "report"]
+        "memory", "diagnostics", "table2", "editing", "scaling", "two_hop", "report"]
+    assert changed_stages(base, replace(base, {"two_hop.questions": 50})) == ["two_hop", "report"]
     # Checkpointing, logging and micro-batching change no update: a finished stage stays finished.
     bookkeeping = replace(base, {"mw.checkpoint_every": 2, "mr.log_every": 1, "mw.micro_batches": 2})
     assert changed_stages(base, bookkeeping) == []

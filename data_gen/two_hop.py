@@ -1,0 +1,95 @@
+"""Two-hop questions over gold triples: the composite relations the paper's Limitations say MemLLM does not use
+("from (Apple Inc., located in, California) and (California, country, United States) it cannot answer Apple's
+country").
+
+A path is (X, r1, C) and (C, r2, Y) with one object for each hop (so the question has one answer) and Y neither
+X nor C. The question names both relations, outer first ("What is the country of the place of birth of X?");
+the memory-read model answers it by a first read `X>>r1>>` whose result C it states, a second read `C>>r2>>`,
+and the answer Y:
+
+    What is the country of the place of birth of X?({MEM_READ(X>>place of birth>>)-->C}) C({MEM_READ(C>>country>>)-->Y}) Y
+
+Stating C in the text is what lets the second read name it: the decoding core removes an earlier call from the
+context when a new one opens (paper §3.2), so the second query is written after " C", not after the first read.
+`two_hop_records` builds such training examples from one document's triples; `two_hop_questions` the evaluation's
+questions from the held-out documents' triples (`memllm_jax.eval.two_hop`).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Iterable
+
+from data_gen.docred import Document
+from data_gen.gold_memory import gold_triples
+from memllm_jax import protocol as P
+from memllm_jax.eval.two_hop import TwoHopQuestion
+
+TEMPLATES: tuple[str, ...] = ("What is the {second} of the {first} of {subject}?",
+                              "Of the {first} of {subject}, what is the {second}?")
+"""Two-hop questions name both relations, so the reader can tell which read comes first."""
+
+
+def paths(triples: Iterable[P.Triple]) -> list[tuple[P.Triple, P.Triple]]:
+    """Every (first, second) pair of triples with `first.object == second.subject` where `first` is the only
+    triple of its subject and relation, `second` the only one of its subject and relation, and the answer is
+    neither the start nor the middle entity; sorted, without duplicates."""
+    triples = sorted(set(triples))
+    objects: dict[tuple[str, str], list[str]] = {}
+    by_subject: dict[str, list[P.Triple]] = {}
+    for t in triples:
+        objects.setdefault((t.subject, t.relation), []).append(t.object)
+        by_subject.setdefault(t.subject, []).append(t)
+    single = lambda t: len(objects[t.subject, t.relation]) == 1  # noqa: E731
+    return [(first, second) for first in triples if single(first)
+            for second in by_subject.get(first.object, ()) if single(second)
+            and second.object not in (first.subject, first.object)]
+
+
+def question(first: P.Triple, second: P.Triple, rng: random.Random) -> str:
+    return rng.choice(TEMPLATES).format(first=first.relation, second=second.relation, subject=first.subject)
+
+
+def two_hop_questions(gold: Iterable[P.Triple], n: int, seed: int = 0) -> list[TwoHopQuestion]:
+    """Up to `n` two-hop questions over `gold` (`paths`), drawn at random, at most one per start entity and pair
+    of relations."""
+    found = paths(gold)
+    rng = random.Random(f"two-hop:{seed}")
+    rng.shuffle(found)
+    asked: dict[tuple[str, str, str], TwoHopQuestion] = {}
+    for first, second in found:
+        if len(asked) >= n:
+            break
+        key = (first.subject, first.relation, second.relation)
+        if key not in asked:
+            asked[key] = TwoHopQuestion(question(first, second, rng), first.subject, first.relation, first.object,
+                                        second.relation, second.object)
+    return list(asked.values())
+
+
+def two_hop_records(doc: Document, n: int, seed: int = 0) -> list[dict]:
+    """Up to `n` two-hop questions over the document's triples (drawn at random, seeded by `seed` and the document
+    id), each as: the question (no loss), the first read, its result (no loss), " " + the middle entity, the second
+    read, its result (no loss), " " + the answer, EOS. Marked `"two_hop": true`."""
+    if n <= 0:
+        return []
+    found = paths(gold_triples(doc))
+    rng = random.Random(f"read-two-hop:{seed}:{doc.doc_id}")
+    rng.shuffle(found)
+    out = []
+    for first, second in found[:n]:
+        q1, q2 = P.Query(first.subject, first.relation, None), P.Query(second.subject, second.relation, None)
+        out.append({
+            "kind": "read", "doc": doc.doc_id, "read_index": 0, "two_hop": True,
+            "segments": [{"text": P.escape_text(question(first, second, rng)), "loss": False},
+                         {"text": P.format_read_call([q1]), "loss": True},
+                         {"text": P.format_read_result([first.object]), "loss": False},
+                         {"text": P.escape_text(" " + first.object), "loss": True},
+                         {"text": P.format_read_call([q2]), "loss": True},
+                         {"text": P.format_read_result([second.object]), "loss": False},
+                         {"text": P.escape_text(" " + second.object), "loss": True}],
+            "eos": True, "target": second.object,
+            "queries": [[q.subject, q.relation, q.object] for q in (q1, q2)],
+            "results": [first.object, second.object], "result_counts": [1, 1],
+        })
+    return out

@@ -1,0 +1,58 @@
+"""Two-hop questions and training examples from gold triples (`data_gen.two_hop`)."""
+
+from memllm_jax import protocol
+from memllm_jax.protocol import Triple
+from data_gen import two_hop
+
+T = Triple
+WORLD = [T("Ann", "place of birth", "Vos"), T("Vos", "country", "Murestan"), T("Ann", "employer", "Kerek Group"),
+         T("Kerek Group", "headquarters location", "Vos"), T("Ann", "child", "Bo"), T("Ann", "child", "Cy"),
+         T("Bo", "place of birth", "Vos"), T("Ann", "spouse", "Di"), T("Di", "spouse", "Ann")]
+
+
+def test_paths_have_one_answer_and_do_not_return_to_their_start():
+    found = {(a.subject, a.relation, a.object, b.relation, b.object) for a, b in two_hop.paths(WORLD)}
+    assert found == {("Ann", "place of birth", "Vos", "country", "Murestan"),
+                     ("Ann", "employer", "Kerek Group", "headquarters location", "Vos"),
+                     ("Bo", "place of birth", "Vos", "country", "Murestan"),
+                     ("Kerek Group", "headquarters location", "Vos", "country", "Murestan"),
+                     ("Di", "spouse", "Ann", "place of birth", "Vos"), ("Di", "spouse", "Ann", "employer", "Kerek Group")}
+    # Ann has two children (no single answer); Di's spouse's spouse is Di herself
+
+
+def test_questions_name_both_relations_one_per_start_and_pair_of_relations():
+    qs = two_hop.two_hop_questions(WORLD + [T("Ann", "place of birth", "Vos")], 10)
+    assert len(qs) == 6 and len({(q.subject, q.first, q.second) for q in qs}) == 6
+    q = next(q for q in qs if q.subject == "Ann" and q.first == "place of birth")
+    assert (q.middle, q.second, q.answer) == ("Vos", "country", "Murestan")
+    assert "place of birth" in q.question and "country" in q.question and "Ann" in q.question
+    assert two_hop.two_hop_questions(WORLD, 10, seed=0) == qs and len(two_hop.two_hop_questions(WORLD, 2)) == 2
+    assert {q.question for seed in range(8) for q in two_hop.two_hop_questions(WORLD, 1, seed)} != {qs[0].question}
+
+
+def test_training_records_read_state_read_and_answer(tmp_path):
+    import json
+
+    from data_gen.build import build_all
+    from data_gen.recipes import ReadRecipe
+    from data_gen.synthetic import iter_synthetic, synthetic_rel_info
+
+    corpus = tmp_path / "docs.json"
+    corpus.write_text(json.dumps(list(iter_synthetic(6, seed=3))))
+    stats = build_all(str(corpus), str(tmp_path / "out"), synthetic_rel_info(), kinds={"read"},
+                      read=ReadRecipe(two_hop=2))
+    records = [json.loads(line) for line in (tmp_path / "out" / "read.jsonl").open()]
+    chains = [r for r in records if r.get("two_hop")]
+    assert 0 < len(chains) <= 12 and stats.two_hop_reads == len(chains)
+    for r in chains:
+        question, call1, result1, middle, call2, result2, answer = r["segments"]
+        (s1, r1, _), (s2, r2, _) = r["queries"]
+        assert [seg["loss"] for seg in r["segments"]] == [False, True, False, True, True, False, True] and r["eos"]
+        assert call1["text"] == protocol.format_read_call([protocol.Query(s1, r1, None)])
+        assert result1["text"] == protocol.format_read_result([s2]) and middle["text"] == " " + s2
+        assert call2["text"] == protocol.format_read_call([protocol.Query(s2, r2, None)])
+        assert result2["text"] == protocol.format_read_result([r["target"]]) and answer["text"] == " " + r["target"]
+        assert r1 in question["text"] and r2 in question["text"] and s1 in question["text"]
+    plain = build_all(str(corpus), str(tmp_path / "plain"), synthetic_rel_info(), kinds={"read"}, read=ReadRecipe())
+    assert plain.two_hop_reads == 0
+    assert not [line for line in (tmp_path / "plain" / "read.jsonl").open() if '"two_hop"' in line]
