@@ -81,8 +81,9 @@ def test_bfloat16_matmuls_shard_like_one_device_and_track_float32():
     for shape in [(8, 1, 1), (2, 2, 2)]:
         _, m, _, _ = one_step(shape, batch, model_cfg=cfg16)
         assert abs(m["loss"] - ref["loss"]) <= 1e-5 * abs(ref["loss"]), shape
-        # cotangents are rounded to bf16 after sums whose order depends on the mesh: agreement to ~bf16 resolution
-        assert max_diff(m["grads"], ref["grads"]) <= 2e-3 * scale, shape
+        # cotangents are rounded to bf16 after sums whose order depends on the mesh: agreement to one bf16 ulp at
+        # the gradients' largest magnitude (2^-7 relative; a float32-only EPYC measured 3.2e-3 on the 8-device mesh)
+        assert max_diff(m["grads"], ref["grads"]) <= 2.0 ** -7 * scale, shape
 
 
 @pytest.mark.slow
