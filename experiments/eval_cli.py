@@ -1,4 +1,4 @@
-"""`memllm eval {table2,editing,scaling} --out DIR`: rerun one evaluation of a pipeline output directory
+"""`memllm eval {table2,editing,scaling,two_hop} --out DIR`: rerun one evaluation of a pipeline output directory
 (the stages before it must have run, e.g. with `memllm run --out DIR`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pathlib
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("what", choices=("table2", "editing", "scaling"), help="which evaluation")
+    parser.add_argument("what", choices=("table2", "editing", "scaling", "two_hop"), help="which evaluation")
     parser.add_argument("--out", required=True, help="pipeline output directory")
     parser.add_argument("--config", default="default", help="experiments/configs module or .py file")
     parser.add_argument("--set", action="append", default=[], metavar="A.B=V",
