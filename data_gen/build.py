@@ -117,7 +117,7 @@ def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, write
             yield "read", rec
         for rec in two_hop_records(doc, read.two_hop, seed):
             stats.read_examples += 1
-            stats.two_hop_reads += 1
+            stats.two_hop_reads += rec["two_hop"] == 1
             yield "read", rec
     if "eval" in kinds:
         rec = eval_record(doc, max_queries=read.max_queries, filter_ambiguous=read.filter_ambiguous)

@@ -63,9 +63,10 @@ class ReadRecipe:
     synthetic corpus's templates, the form of the synthetic Table 3 analogue's prompts; a relation without one is
     asked as a question) or "mixed" (either, at random)."""
     two_hop: int = 0
-    """Extra examples per document: a two-hop question over two of its triples (X r1 C, C r2 Y), the read of X and
-    r1, its result, C stated, the read of C and r2, its result and Y (`data_gen.two_hop.two_hop_records`). Not in
-    the paper (its Limitations: composite relations are not used)."""
+    """Two-hop questions per document over two of its triples (X r1 C, C r2 Y), each as two examples: the read of X
+    and r1, its result, C stated and the next read opened; the question and C with the read of C and r2, its result
+    and Y (`data_gen.two_hop.two_hop_records`). Not in the paper (its Limitations: composite relations are not
+    used)."""
     misread_rate: float = 0.0
     """Share of the query results replaced by another entity the text named before the read (`read_examples.
     misread`): the paper answers training reads from the imperfect memory its writer wrote, so the reader learns

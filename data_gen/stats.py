@@ -34,7 +34,7 @@ class Stats:
     """Of `read_examples`: questions whose read finds nothing, answered `protocol.ABSTAIN`
     (`read_examples.absent_question_records`)."""
     two_hop_reads: int = 0
-    """Of `read_examples`: two-hop questions answered by two reads (`two_hop.two_hop_records`)."""
+    """Two-hop questions answered by two reads (`two_hop.two_hop_records`; two of `read_examples` each)."""
     reads_per_doc: list = dataclasses.field(default_factory=list)
     queries_per_read: list = dataclasses.field(default_factory=list)
     results_per_query: list = dataclasses.field(default_factory=list)
@@ -95,7 +95,7 @@ class Stats:
                 ("read examples (of them context-free / question-form)",
                  f"{self.read_examples} ({self.context_free_reads} / {self.question_form_reads})"),
                 *([("  of them absent-fact questions", str(self.absent_reads))] if self.absent_reads else []),
-                *([("  of them two-hop questions", str(self.two_hop_reads))] if self.two_hop_reads else []),
+                *([("  of them two-hop questions (two examples each)", str(self.two_hop_reads))] if self.two_hop_reads else []),
                 ("read points per document: mean / p95 / max", f"{_mean(rpd):.2f} / {_pct(rpd, .95):.1f} / {max(rpd)}"),
                 ("queries per read: mean / max", f"{_mean(qpr):.2f} / {max(qpr, default=0)}"),
                 ("results per query: mean / p95 / max", f"{_mean(rpq):.2f} / {_pct(rpq, .95):.1f} / {max(rpq, default=0)}"),

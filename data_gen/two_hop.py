@@ -10,9 +10,14 @@ and the answer Y:
     What is the country of the place of birth of X?({MEM_READ(X>>place of birth>>)-->C}) C({MEM_READ(C>>country>>)-->Y}) Y
 
 Stating C in the text is what lets the second read name it: the decoding core removes an earlier call from the
-context when a new one opens (paper §3.2), so the second query is written after " C", not after the first read.
-`two_hop_records` builds such training examples from one document's triples; `two_hop_questions` the evaluation's
-questions from the held-out documents' triples (`memllm_jax.eval.two_hop`).
+context when a new one opens (paper §3.2), so the second query is written after " C", with the first read gone.
+The training examples are the two contexts the reader meets: the question with the first read, C and the second
+read's opening; then the question and C (the first read removed) with the second read and the answer. A single
+example holding both reads trains a context that never occurs: measured on seed 0, the reader trained on it took
+the second read for a first one once the first had left the context, stated its result and read again (exact
+answers 0.01, with the gold reads in the prompt 0.99). `two_hop_records` builds the examples from one document's
+triples; `two_hop_questions` the evaluation's questions from the held-out documents' triples
+(`memllm_jax.eval.two_hop`).
 """
 
 from __future__ import annotations
@@ -69,8 +74,10 @@ def two_hop_questions(gold: Iterable[P.Triple], n: int, seed: int = 0) -> list[T
 
 def two_hop_records(doc: Document, n: int, seed: int = 0) -> list[dict]:
     """Up to `n` two-hop questions over the document's triples (drawn at random, seeded by `seed` and the document
-    id), each as: the question (no loss), the first read, its result (no loss), " " + the middle entity, the second
-    read, its result (no loss), " " + the answer, EOS. Marked `"two_hop": true`."""
+    id), each as two examples, the contexts the reader meets (module docstring): the first read's, the question (no
+    loss), the read of X and r1, its result (no loss), " " + C and the next read's opening `({MEM_READ(`, no EOS; the
+    second read's, the question and " " + C (no loss), the read of C and r2, its result (no loss), " " + Y, EOS.
+    Marked `"two_hop": 1` / `2`."""
     if n <= 0:
         return []
     found = paths(gold_triples(doc))
@@ -79,17 +86,24 @@ def two_hop_records(doc: Document, n: int, seed: int = 0) -> list[dict]:
     out = []
     for first, second in found[:n]:
         q1, q2 = P.Query(first.subject, first.relation, None), P.Query(second.subject, second.relation, None)
+        asked = P.escape_text(question(first, second, rng))
+        common = {"kind": "read", "doc": doc.doc_id, "read_index": 0}
         out.append({
-            "kind": "read", "doc": doc.doc_id, "read_index": 0, "two_hop": True,
-            "segments": [{"text": P.escape_text(question(first, second, rng)), "loss": False},
+            **common, "two_hop": 1,
+            "segments": [{"text": asked, "loss": False},
                          {"text": P.format_read_call([q1]), "loss": True},
                          {"text": P.format_read_result([first.object]), "loss": False},
-                         {"text": P.escape_text(" " + first.object), "loss": True},
+                         {"text": P.escape_text(" " + first.object) + P.MEM_READ, "loss": True}],
+            "eos": False, "target": first.object, "queries": [[q1.subject, q1.relation, q1.object]],
+            "results": [first.object], "result_counts": [1],
+        })
+        out.append({
+            **common, "two_hop": 2,
+            "segments": [{"text": asked, "loss": False}, {"text": P.escape_text(" " + first.object), "loss": False},
                          {"text": P.format_read_call([q2]), "loss": True},
                          {"text": P.format_read_result([second.object]), "loss": False},
                          {"text": P.escape_text(" " + second.object), "loss": True}],
-            "eos": True, "target": second.object,
-            "queries": [[q.subject, q.relation, q.object] for q in (q1, q2)],
-            "results": [first.object, second.object], "result_counts": [1, 1],
+            "eos": True, "target": second.object, "queries": [[q2.subject, q2.relation, q2.object]],
+            "results": [second.object], "result_counts": [1],
         })
     return out

@@ -17,7 +17,7 @@ call is left), up to the end of its clause, normalised as Table 3's answers.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from memllm_jax import protocol
 from memllm_jax.eval.editing import build_cloze_prompt_ids, clause_end_ids, extract_cloze_answer, normalize_answer
@@ -100,13 +100,17 @@ def _trace(r: GenerationResult) -> list[dict]:
 
 
 def evaluate_two_hop(read_model: Any, tok: Any, memory: Any, empty_memory: Any, questions: Sequence[TwoHopQuestion],
-                     *, max_new_tokens: int = 64, batch_size: int = 16,
+                     *, max_new_tokens: int = 64, batch_size: int = 16, progress: Callable[[str], None] | None = None,
                      work: ModelWork | None = None) -> TwoHopResult:
     """The three conditions (module docstring) on `questions`: `memory` holds the one-hop facts, `empty_memory`
     nothing."""
+    say = progress or (lambda _m: None)
     kw = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, work=work)
+    say("  two-hop: with memory")
     own = ask(read_model, tok, memory, questions, **kw)
+    say("  two-hop: without memory")
     bare = ask(read_model, tok, empty_memory, questions, **kw)
+    say("  two-hop: with the gold reads")
     gold = ask(read_model, tok, memory, questions, gold_reads=True, **kw)
     answers = {name: [final_answer(tok, r, q.question) for r, q in zip(res, questions)]
                for name, res in (("own", own), ("bare", bare), ("gold", gold))}

@@ -30,7 +30,9 @@ def test_questions_name_both_relations_one_per_start_and_pair_of_relations():
     assert {q.question for seed in range(8) for q in two_hop.two_hop_questions(WORLD, 1, seed)} != {qs[0].question}
 
 
-def test_training_records_read_state_read_and_answer(tmp_path):
+def test_training_records_are_the_two_contexts_the_reader_meets(tmp_path):
+    """The first read's context (question, read, its result, the middle entity and the next read's opening, no EOS)
+    and the second's (question and middle entity, the first read gone: the decoding core removes it)."""
     import json
 
     from data_gen.build import build_all
@@ -42,17 +44,20 @@ def test_training_records_read_state_read_and_answer(tmp_path):
     stats = build_all(str(corpus), str(tmp_path / "out"), synthetic_rel_info(), kinds={"read"},
                       read=ReadRecipe(two_hop=2))
     records = [json.loads(line) for line in (tmp_path / "out" / "read.jsonl").open()]
-    chains = [r for r in records if r.get("two_hop")]
-    assert 0 < len(chains) <= 12 and stats.two_hop_reads == len(chains)
-    for r in chains:
-        question, call1, result1, middle, call2, result2, answer = r["segments"]
-        (s1, r1, _), (s2, r2, _) = r["queries"]
-        assert [seg["loss"] for seg in r["segments"]] == [False, True, False, True, True, False, True] and r["eos"]
+    firsts, seconds = ([r for r in records if r.get("two_hop") == k] for k in (1, 2))
+    assert 0 < len(firsts) == len(seconds) == stats.two_hop_reads <= 12
+    for one, two in zip(firsts, seconds):
+        question, call1, result1, middle = one["segments"]
+        asked, stated, call2, result2, answer = two["segments"]
+        ((s1, r1, _),), ((s2, r2, _),) = one["queries"], two["queries"]
+        assert [seg["loss"] for seg in one["segments"]] == [False, True, False, True] and not one["eos"]
+        assert [seg["loss"] for seg in two["segments"]] == [False, False, True, False, True] and two["eos"]
+        assert asked == question and r1 in question["text"] and r2 in question["text"] and s1 in question["text"]
         assert call1["text"] == protocol.format_read_call([protocol.Query(s1, r1, None)])
-        assert result1["text"] == protocol.format_read_result([s2]) and middle["text"] == " " + s2
+        assert result1["text"] == protocol.format_read_result([s2]) and one["target"] == s2
+        assert middle["text"] == " " + s2 + protocol.MEM_READ and stated["text"] == " " + s2
         assert call2["text"] == protocol.format_read_call([protocol.Query(s2, r2, None)])
-        assert result2["text"] == protocol.format_read_result([r["target"]]) and answer["text"] == " " + r["target"]
-        assert r1 in question["text"] and r2 in question["text"] and s1 in question["text"]
+        assert result2["text"] == protocol.format_read_result([two["target"]]) and answer["text"] == " " + two["target"]
     plain = build_all(str(corpus), str(tmp_path / "plain"), synthetic_rel_info(), kinds={"read"}, read=ReadRecipe())
     assert plain.two_hop_reads == 0
     assert not [line for line in (tmp_path / "plain" / "read.jsonl").open() if '"two_hop"' in line]
