@@ -64,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--read-two-hop", type=int, default=0,
                    help="also N read examples per document of a two-hop question over two of its triples, answered "
                         "by two reads (a composite relation)")
+    b.add_argument("--read-keep-reads", action="store_true",
+                   help="for a reader decoded with its complete reads kept in the context: each two-hop question as "
+                        "one example holding both reads")
     b.add_argument("--misread-rate", type=float, default=0.0,
                    help="replace this share of the read examples' query results by another entity the text named "
                         "before the read (an imperfect memory, as the paper's training reads see)")
@@ -201,7 +204,8 @@ def _build(args) -> int:
     read = ReadRecipe(q_thr=args.q_thr, max_queries=args.max_queries, filter_ambiguous=not args.no_ambiguous_filter,
                       context_free=args.read_context_free, question_form=args.read_question_form,
                       absent_questions=args.read_absent_questions, absent_form=args.read_absent_form,
-                      two_hop=args.read_two_hop, misread_rate=args.misread_rate, counterfactual=args.counterfactual)
+                      two_hop=args.read_two_hop, keep_reads=args.read_keep_reads,
+                      misread_rate=args.misread_rate, counterfactual=args.counterfactual)
     check_tree(write)
     check_tree(read)
     stats = build.build_all(args.input, args.out, labels, kinds=kinds, write=write, read=read,

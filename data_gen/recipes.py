@@ -67,6 +67,10 @@ class ReadRecipe:
     and r1, its result, C stated and the next read opened; the question and C with the read of C and r2, its result
     and Y (`data_gen.two_hop.two_hop_records`). Not in the paper (its Limitations: composite relations are not
     used)."""
+    keep_reads: bool = False
+    """The reader is decoded with its complete reads kept in the context when it opens the next one
+    (`CallBook.keep_reads`; the paper removes them): each two-hop question is then one example holding both
+    reads, the context that reader meets."""
     misread_rate: float = 0.0
     """Share of the query results replaced by another entity the text named before the read (`read_examples.
     misread`): the paper answers training reads from the imperfect memory its writer wrote, so the reader learns

@@ -11,11 +11,13 @@ and the answer Y:
 
 Stating C in the text is what lets the second read name it: the decoding core removes an earlier call from the
 context when a new one opens (paper §3.2), so the second query is written after " C", with the first read gone.
-The training examples are the two contexts the reader meets: the question with the first read, C and the second
-read's opening; then the question and C (the first read removed) with the second read and the answer. A single
-example holding both reads trains a context that never occurs: measured on seed 0, the reader trained on it took
-the second read for a first one once the first had left the context, stated its result and read again (exact
-answers 0.01, with the gold reads in the prompt 0.99). `two_hop_records` builds the examples from one document's
+The training examples are then the two contexts the reader meets: the question with the first read, C and the
+second read's opening; then the question and C (the first read removed) with the second read and the answer. A
+single example holding both reads trains a context that never occurs there: measured on seed 0, the reader trained
+on it took the second read for a first one once the first had left the context, stated its result and read again
+(exact answers 0.01, with the gold reads in the prompt 0.99). For a reader decoded with `keep_reads` (the first
+read stays in the context), that single example is the context it meets, and is what it is trained on.
+`two_hop_records` builds the examples from one document's
 triples; `two_hop_questions` the evaluation's questions from the held-out documents' triples
 (`memllm_jax.eval.two_hop`).
 """
@@ -72,12 +74,13 @@ def two_hop_questions(gold: Iterable[P.Triple], n: int, seed: int = 0) -> list[T
     return list(asked.values())
 
 
-def two_hop_records(doc: Document, n: int, seed: int = 0) -> list[dict]:
+def two_hop_records(doc: Document, n: int, seed: int = 0, *, keep_reads: bool = False) -> list[dict]:
     """Up to `n` two-hop questions over the document's triples (drawn at random, seeded by `seed` and the document
-    id), each as two examples, the contexts the reader meets (module docstring): the first read's, the question (no
-    loss), the read of X and r1, its result (no loss), " " + C and the next read's opening `({MEM_READ(`, no EOS; the
-    second read's, the question and " " + C (no loss), the read of C and r2, its result (no loss), " " + Y, EOS.
-    Marked `"two_hop": 1` / `2`."""
+    id), each as the contexts the reader meets (module docstring). Without `keep_reads`, two examples: the first
+    read's, the question (no loss), the read of X and r1, its result (no loss), " " + C and the next read's opening
+    `({MEM_READ(`, no EOS; the second read's, the question and " " + C (no loss), the read of C and r2, its result
+    (no loss), " " + Y, EOS. With `keep_reads`, one example holding both reads. Marked `"two_hop": 1` / `2`
+    (`1` for the single example)."""
     if n <= 0:
         return []
     found = paths(gold_triples(doc))
@@ -88,22 +91,24 @@ def two_hop_records(doc: Document, n: int, seed: int = 0) -> list[dict]:
         q1, q2 = P.Query(first.subject, first.relation, None), P.Query(second.subject, second.relation, None)
         asked = P.escape_text(question(first, second, rng))
         common = {"kind": "read", "doc": doc.doc_id, "read_index": 0}
+        read1 = [{"text": asked, "loss": False}, {"text": P.format_read_call([q1]), "loss": True},
+                 {"text": P.format_read_result([first.object]), "loss": False}]
+        read2 = [{"text": P.format_read_call([q2]), "loss": True},
+                 {"text": P.format_read_result([second.object]), "loss": False},
+                 {"text": P.escape_text(" " + second.object), "loss": True}]
+        answer2 = {"eos": True, "target": second.object, "queries": [[q2.subject, q2.relation, q2.object]],
+                   "results": [second.object], "result_counts": [1]}
+        if keep_reads:
+            out.append({**common, "two_hop": 1, **answer2,
+                        "segments": [*read1, {"text": P.escape_text(" " + first.object), "loss": True}, *read2]})
+            continue
         out.append({
             **common, "two_hop": 1,
-            "segments": [{"text": asked, "loss": False},
-                         {"text": P.format_read_call([q1]), "loss": True},
-                         {"text": P.format_read_result([first.object]), "loss": False},
-                         {"text": P.escape_text(" " + first.object) + P.MEM_READ, "loss": True}],
+            "segments": [*read1, {"text": P.escape_text(" " + first.object) + P.MEM_READ, "loss": True}],
             "eos": False, "target": first.object, "queries": [[q1.subject, q1.relation, q1.object]],
             "results": [first.object], "result_counts": [1],
         })
-        out.append({
-            **common, "two_hop": 2,
-            "segments": [{"text": asked, "loss": False}, {"text": P.escape_text(" " + first.object), "loss": False},
-                         {"text": P.format_read_call([q2]), "loss": True},
-                         {"text": P.format_read_result([second.object]), "loss": False},
-                         {"text": P.escape_text(" " + second.object), "loss": True}],
-            "eos": True, "target": second.object, "queries": [[q2.subject, q2.relation, q2.object]],
-            "results": [second.object], "result_counts": [1],
-        })
+        out.append({**common, "two_hop": 2, **answer2,
+                    "segments": [{"text": asked, "loss": False},
+                                 {"text": P.escape_text(" " + first.object), "loss": False}, *read2]})
     return out

@@ -627,7 +627,8 @@ def stage_two_hop(self):
     self.say(f"  two-hop: {len(questions)} questions; the memory holds the {n} one-hop facts of the evaluation documents")
     work = ModelWork()
     res = evaluate_two_hop(self.model("mr"), self.tokenizer(), memory, TripleMemory(self.encoder()), questions,
-                           max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch, progress=self.say, work=work)
+                           max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch,
+                           keep_reads=self.cfg.data.read.keep_reads, progress=self.say, work=work)
     self.work.model_work(self.model("mr").cfg, work, cfg.batch)
     out = res.to_json()
     _save_json(self.out / "results" / "two_hop.json", out)

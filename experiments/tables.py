@@ -90,7 +90,9 @@ def two_hop_markdown(r: Mapping) -> str:
         f"| without memory | {r['exact_without_memory']:.2f} |",
         f"| gold reads in the prompt (ceiling) | {r['exact_gold_reads']:.2f} |", "",
         f"With memory: a second read made on {r['chained']:.2f} of the questions; the first read returned the middle "
-        f"entity on {r['first_read_hit']:.2f}, a later read the answer on {r['second_read_hit']:.2f}."])
+        f"entity on {r['first_read_hit']:.2f}, a later read the answer on {r['second_read_hit']:.2f}; the first read "
+        + ("kept in the context when the second opened." if r.get("keep_reads") else
+           "removed from the context when the second opened, as in the paper.")])
 
 
 def read_diagnostics_markdown(results: Mapping[str, Mapping]) -> str:

@@ -9,7 +9,8 @@ turns those into a prefill (host path) or forced tokens (in-loop path).
 
 A call is removed from the context when its result is empty (unless `keep_empty`: memory-aware reading, where
 the call stays closed with nothing, `protocol.format_empty_read`), when it has more than Q_thr entities, when its
-queries do not parse, or when the model later opens a new call. Removal rewinds the row's cache to just
+queries do not parse, or when the model later opens a new call (unless `keep_reads`: a complete call then stays,
+so a later read can use an earlier one's result, e.g. a two-hop question). Removal rewinds the row's cache to just
 before the call, then re-feeds the token before the call plus whatever followed the call, so the cache and
 next-token logits are those of a context in which the call never happened; nothing before the call is
 recomputed. After a removal at the current point, the next token may not reopen a call there. An identical
@@ -114,10 +115,13 @@ class CallBook:
     `ban` (the next token may not open a call), `active` and `in_call` are per-row arrays the caller passes
     in and reads back."""
 
-    def __init__(self, tokenizer, memory, *, q_thr: int, max_len: int, keep_empty: bool = False):
+    def __init__(self, tokenizer, memory, *, q_thr: int, max_len: int, keep_empty: bool = False,
+                 keep_reads: bool = False):
         self.tok, self.memory, self.q_thr, self.max_len = tokenizer, memory, q_thr, max_len
         self.keep_empty = keep_empty
         """An empty result is answered `})` and the call kept, so the model sees that the memory had nothing."""
+        self.keep_reads = keep_reads
+        """A complete call stays in the context when the model opens the next one (the paper removes it)."""
         self.row_memories: Sequence[Any] | None = None
         """One memory per row of the batch (e.g. one edit's memory per question), or None: `memory` for all."""
         ids = tokenizer.marker_id
@@ -190,8 +194,9 @@ class CallBook:
         if prev is not None and prev < new_open and (r.active is None or prev >= r.active[1]):
             span, call = (prev, new_open), ApiCall(query_text=self.tok.decode(r.ctx[prev:new_open]), complete=False)
             r.calls.append(call)  # an unfinished call interrupted by a new one
-        elif r.active is not None and r.active_call is None:
-            # A complete call that came with the prompt (e.g. a few-shot example) is the caller's context: kept.
+        elif r.active is not None and (r.active_call is None or self.keep_reads):
+            # A complete call that came with the prompt (e.g. a few-shot example) is the caller's context: kept;
+            # with `keep_reads`, every complete call.
             r.active, r.call_start_prev = None, None
             return
         elif r.active is not None:

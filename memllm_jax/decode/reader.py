@@ -80,10 +80,10 @@ class ReadController:
     def __init__(self, model, tokenizer, memory, *, max_len: int, chunk: int = 32,
                  sampling: SamplingConfig = GREEDY, q_thr: int | None = None, seed: int = 0,
                  trace: bool = False, reads: str = "host", answer_width: int = 64, stop_ids: Sequence[int] = (),
-                 keep_empty: bool = False):
+                 keep_empty: bool = False, keep_reads: bool = False):
         """`reads`: "host" or "in_loop" (module docstring). `answer_width`: in-loop only, the forced-token
         queue per row; longer answers or re-fed texts are prefilled by the host at a loop exit. `stop_ids`:
-        `LoopSpec.stop_ids`. `keep_empty`: `CallBook.keep_empty`."""
+        `LoopSpec.stop_ids`. `keep_empty`, `keep_reads`: `CallBook`'s."""
         if reads not in READS:
             raise ValueError(f"generate: reads={reads!r}, expected one of {READS}")
         if reads == "in_loop" and answer_width < 1:
@@ -95,7 +95,8 @@ class ReadController:
         ids = tokenizer.marker_id
         self.open_id, self.end_id = ids[protocol.MEM_READ], ids[protocol.READ_END]
         self.q_thr = q_thr if q_thr is not None else getattr(getattr(memory, "config", None), "q_thr", 30)
-        self.book = CallBook(tokenizer, memory, q_thr=self.q_thr, max_len=max_len, keep_empty=keep_empty)
+        self.book = CallBook(tokenizer, memory, q_thr=self.q_thr, max_len=max_len, keep_empty=keep_empty,
+                             keep_reads=keep_reads)
         self.spec = LoopSpec(chunk=chunk, eos_id=tokenizer.eos_id, read_open_id=self.open_id,
                              read_end_id=self.end_id, max_len=max_len, sampling=sampling,
                              pad_id=int(getattr(tokenizer, "pad_id", 0) or 0),
@@ -326,7 +327,7 @@ def generate_with_memory(model, tokenizer, memory, prompts: Sequence[str | Seque
                          gold_queries: Sequence[Sequence[protocol.Query] | None] | None = None,
                          q_thr: int | None = None, seed: int = 0, reads: str = "auto", stop_ids: Sequence[int] = (),
                          done_when: Sequence[Callable[[list[int]], bool] | None] | None = None,
-                         keep_empty: bool = False) -> list[GenerationResult]:
+                         keep_empty: bool = False, keep_reads: bool = False) -> list[GenerationResult]:
     """Generate a continuation of each prompt with memory reads (paper §3.2), `batch_size` rows at a time.
 
     Text prompts are escaped (so they cannot trigger memory operations) and get a BOS; token-id prompts are
@@ -339,7 +340,8 @@ def generate_with_memory(model, tokenizer, memory, prompts: Sequence[str | Seque
     step), and `done_when`, per prompt a test of the row's context (prompt + generated ids), checked at each
     loop exit while no call is open (e.g. "the first non-empty line is complete"). `keep_empty`: a read that
     finds nothing stays in the context closed with nothing (`({MEM_READ(q)-->})`, memory-aware reading) instead
-    of being removed (paper §3.2).
+    of being removed (paper §3.2). `keep_reads`: a complete read stays in the context when the next one opens
+    (the paper removes it), so a second read can follow from the first's result.
     """
     n = len(prompts)
     per_row = isinstance(memory, (list, tuple))
@@ -354,7 +356,7 @@ def generate_with_memory(model, tokenizer, memory, prompts: Sequence[str | Seque
     controller = ReadController(model, tokenizer, memory[0] if per_row and n else memory, max_len=max_len,
                                 chunk=chunk, sampling=sampling, q_thr=q_thr, seed=seed,
                                 reads=choose_reads(reads, min(batch_size, n)), stop_ids=stop_ids,
-                                keep_empty=keep_empty)
+                                keep_empty=keep_empty, keep_reads=keep_reads)
     make_cache = cache_factory(model)
     out: list[GenerationResult] = []
     for i in range(0, n, batch_size):

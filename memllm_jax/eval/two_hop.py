@@ -62,6 +62,8 @@ class TwoHopResult:
     second_read_hit: float
     """With memory: share with a later read that returned the answer."""
     examples: list[dict]
+    keep_reads: bool = False
+    """The first read stayed in the context when the second opened (the paper removes it)."""
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -78,8 +80,10 @@ def final_answer(tok: Any, r: GenerationResult, question: str) -> str:
 
 
 def ask(read_model: Any, tok: Any, memory: Any, questions: Sequence[TwoHopQuestion], *, gold_reads: bool = False,
-        max_new_tokens: int = 64, batch_size: int = 16, work: ModelWork | None = None) -> list[GenerationResult]:
-    """Generate each question's answer: a read forced after the question, or (`gold_reads`) both reads given."""
+        max_new_tokens: int = 64, batch_size: int = 16, keep_reads: bool = False,
+        work: ModelWork | None = None) -> list[GenerationResult]:
+    """Generate each question's answer: a read forced after the question, or (`gold_reads`) both reads given.
+    `keep_reads`: the first read stays in the context when the second opens (`CallBook.keep_reads`)."""
     from memllm_jax.decode.reader import generate_with_memory  # here: the data commands import the questions' type
 
     if gold_reads:
@@ -88,7 +92,7 @@ def ask(read_model: Any, tok: Any, memory: Any, questions: Sequence[TwoHopQuesti
     else:
         prompts = [build_cloze_prompt_ids(tok, q.question) for q in questions]
     res = generate_with_memory(read_model, tok, memory, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                               chunk=16, stop_ids=clause_end_ids(tok))
+                               chunk=16, stop_ids=clause_end_ids(tok), keep_reads=keep_reads)
     for r in res if work is not None else ():
         work.generation(len(r.prompt_ids), len(r.token_ids), r.n_generated)
     return res
@@ -100,12 +104,12 @@ def _trace(r: GenerationResult) -> list[dict]:
 
 
 def evaluate_two_hop(read_model: Any, tok: Any, memory: Any, empty_memory: Any, questions: Sequence[TwoHopQuestion],
-                     *, max_new_tokens: int = 64, batch_size: int = 16, progress: Callable[[str], None] | None = None,
-                     work: ModelWork | None = None) -> TwoHopResult:
+                     *, max_new_tokens: int = 64, batch_size: int = 16, keep_reads: bool = False,
+                     progress: Callable[[str], None] | None = None, work: ModelWork | None = None) -> TwoHopResult:
     """The three conditions (module docstring) on `questions`: `memory` holds the one-hop facts, `empty_memory`
-    nothing."""
+    nothing; `keep_reads` as in `ask`."""
     say = progress or (lambda _m: None)
-    kw = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, work=work)
+    kw = dict(max_new_tokens=max_new_tokens, batch_size=batch_size, keep_reads=keep_reads, work=work)
     say("  two-hop: with memory")
     own = ask(read_model, tok, memory, questions, **kw)
     say("  two-hop: without memory")
@@ -132,4 +136,4 @@ def evaluate_two_hop(read_model: Any, tok: Any, memory: Any, empty_memory: Any, 
                         rate(len(r.calls) >= 2 for r in own),
                         rate(bool(r.calls) and has(q.middle, r.calls[0].result) for r, q in zip(own, questions)),
                         rate(any(has(q.answer, c.result) for c in r.calls[1:]) for r, q in zip(own, questions)),
-                        examples)
+                        examples, keep_reads)

@@ -61,3 +61,21 @@ def test_training_records_are_the_two_contexts_the_reader_meets(tmp_path):
     plain = build_all(str(corpus), str(tmp_path / "plain"), synthetic_rel_info(), kinds={"read"}, read=ReadRecipe())
     assert plain.two_hop_reads == 0
     assert not [line for line in (tmp_path / "plain" / "read.jsonl").open() if '"two_hop"' in line]
+
+
+def test_with_keep_reads_a_question_is_one_example_holding_both_reads():
+    """A reader decoded with its reads kept meets the first read still in the context when it writes the second."""
+    from data_gen.docred import documents_from_raw
+    from data_gen.synthetic import iter_synthetic, synthetic_rel_info
+
+    doc = next(d for d in documents_from_raw(list(iter_synthetic(6, seed=3)), synthetic_rel_info())
+               if two_hop.paths(two_hop.gold_triples(d)))
+    joined = two_hop.two_hop_records(doc, 2, keep_reads=True)
+    split = two_hop.two_hop_records(doc, 2)
+    assert joined and len(split) == 2 * len(joined)
+    for one, (first, second) in zip(joined, zip(split[::2], split[1::2])):
+        question, call1, result1, stated, call2, result2, answer = one["segments"]
+        assert [s["loss"] for s in one["segments"]] == [False, True, False, True, True, False, True] and one["eos"]
+        assert [question, call1, result1] == first["segments"][:3] and [call2, result2, answer] == second["segments"][2:]
+        assert stated["text"] == second["segments"][1]["text"] and one["two_hop"] == 1
+        assert one["target"] == second["target"] and one["queries"] == second["queries"]

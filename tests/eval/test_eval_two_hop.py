@@ -116,3 +116,17 @@ def test_the_answer_is_the_text_after_the_last_read():
         assert two_hop.final_answer(tok, r, q.question) == answer
     assert q.gold_reads() == ("({MEM_READ(Ann>>employer>>)-->Kerek Group}) Kerek Group"
                               "({MEM_READ(Kerek Group>>city>>)-->Oslo})")
+
+
+@pytest.mark.slow
+def test_with_keep_reads_the_first_read_stays_in_the_context():
+    from experiments.tables import two_hop_markdown
+
+    model, tok = _chain_reader()
+    memory, empty = _memory()
+    res = two_hop.evaluate_two_hop(model, tok, memory, empty, QUESTIONS, max_new_tokens=60, batch_size=2,
+                                   keep_reads=True)
+    assert (res.exact_with_memory, res.exact_without_memory, res.chained) == (1.0, 0.0, 1.0)
+    first, second = res.examples[0]["trace"]
+    assert (first["result"], first["removed"], second["result"], second["removed"]) == (["Kerek Group"], "", ["Oslo"], "")
+    assert "kept in the context when the second opened" in two_hop_markdown(res.to_json())
