@@ -27,10 +27,10 @@ run: $(STAMP)
 	$(BIN)/memllm run --config $(CONFIG) --out $(OUT)
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -n 2 -q
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 test-fast: $(STAMP)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -n 2 -q -m "not slow and not browser"
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -n 2 --dist loadgroup -q -m "not slow and not browser"
 
 results: $(STAMP)
 	$(BIN)/memllm report --markdown $(or $(RUNS),$(error no run directories under outputs/: run `make run` first)) --out RESULTS.md

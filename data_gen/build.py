@@ -115,7 +115,8 @@ def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, write
             stats.read_examples += 1
             stats.absent_reads += 1
             yield "read", rec
-        for rec in two_hop_records(doc, read.two_hop, seed, keep_reads=read.keep_reads):
+        for rec in two_hop_records(doc, read.two_hop, seed, keep_reads=read.keep_reads,
+                                   distractors=read.two_hop_distractors):
             stats.read_examples += 1
             stats.two_hop_reads += rec["two_hop"] == 1
             yield "read", rec

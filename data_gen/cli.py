@@ -64,6 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--read-two-hop", type=int, default=0,
                    help="also N read examples per document of a two-hop question over two of its triples, answered "
                         "by two reads (a composite relation)")
+    b.add_argument("--read-two-hop-distractors", type=float, default=0.0,
+                   help="share of the two-hop reads whose results also hold other objects of the subject after the "
+                        "right one, as the memory's relation matching returns them")
     b.add_argument("--read-keep-reads", action="store_true",
                    help="for a reader decoded with its complete reads kept in the context: each two-hop question as "
                         "one example holding both reads")
@@ -204,7 +207,8 @@ def _build(args) -> int:
     read = ReadRecipe(q_thr=args.q_thr, max_queries=args.max_queries, filter_ambiguous=not args.no_ambiguous_filter,
                       context_free=args.read_context_free, question_form=args.read_question_form,
                       absent_questions=args.read_absent_questions, absent_form=args.read_absent_form,
-                      two_hop=args.read_two_hop, keep_reads=args.read_keep_reads,
+                      two_hop=args.read_two_hop, two_hop_distractors=args.read_two_hop_distractors,
+                      keep_reads=args.read_keep_reads,
                       misread_rate=args.misread_rate, counterfactual=args.counterfactual)
     check_tree(write)
     check_tree(read)

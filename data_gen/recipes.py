@@ -67,6 +67,10 @@ class ReadRecipe:
     and r1, its result, C stated and the next read opened; the question and C with the read of C and r2, its result
     and Y (`data_gen.two_hop.two_hop_records`). Not in the paper (its Limitations: composite relations are not
     used)."""
+    two_hop_distractors: float = 0.0
+    """Share of the two-hop examples' reads whose results hold, after the right entity, up to two other objects of
+    the same subject (`two_hop.with_distractors`): the memory's relation matching returns near relations too (the
+    father with the mother), best first, and a reader trained only on single results may take the wrong one."""
     keep_reads: bool = False
     """The reader is decoded with its complete reads kept in the context when it opens the next one
     (`CallBook.keep_reads`; the paper removes them): each two-hop question is then one example holding both
@@ -80,5 +84,6 @@ class ReadRecipe:
 
     BOUNDS: ClassVar[dict] = {"q_thr": "positive", "max_queries": "positive", "context_free": "nonnegative",
                               "question_form": "nonnegative", "absent_questions": "nonnegative",
-                              "two_hop": "nonnegative", "misread_rate": "fraction", "counterfactual": "nonnegative"}
+                              "two_hop": "nonnegative", "two_hop_distractors": "fraction", "misread_rate": "fraction",
+                              "counterfactual": "nonnegative"}
     CHOICES: ClassVar[dict] = {"absent_form": ("question", "cloze", "mixed")}

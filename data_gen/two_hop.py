@@ -25,7 +25,7 @@ triples; `two_hop_questions` the evaluation's questions from the held-out docume
 from __future__ import annotations
 
 import random
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from data_gen.docred import Document
 from data_gen.gold_memory import gold_triples
@@ -74,30 +74,49 @@ def two_hop_questions(gold: Iterable[P.Triple], n: int, seed: int = 0) -> list[T
     return list(asked.values())
 
 
-def two_hop_records(doc: Document, n: int, seed: int = 0, *, keep_reads: bool = False) -> list[dict]:
+def with_distractors(entity: str, subject: str, triples: Sequence[P.Triple], share: float,
+                     rng: random.Random) -> list[str]:
+    """A read's results: `entity`, then with probability `share` up to two other objects of `subject` (best match
+    first, as the memory orders them: its relation matching also returns near relations, e.g. the father with
+    the mother)."""
+    others = sorted({t.object for t in triples if t.subject == subject and t.object != entity})
+    if not others or rng.random() >= share:
+        return [entity]
+    return [entity, *rng.sample(others, min(len(others), rng.choice((1, 2))))]
+
+
+def two_hop_records(doc: Document, n: int, seed: int = 0, *, keep_reads: bool = False,
+                    distractors: float = 0.0) -> list[dict]:
     """Up to `n` two-hop questions over the document's triples (drawn at random, seeded by `seed` and the document
     id), each as the contexts the reader meets (module docstring). Without `keep_reads`, two examples: the first
     read's, the question (no loss), the read of X and r1, its result (no loss), " " + C and the next read's opening
     `({MEM_READ(`, no EOS; the second read's, the question and " " + C (no loss), the read of C and r2, its result
     (no loss), " " + Y, EOS. With `keep_reads`, one example holding both reads. Marked `"two_hop": 1` / `2`
-    (`1` for the single example)."""
+    (`1` for the single example). `distractors`: the share of reads whose results hold other entities after the right
+    one (`with_distractors`)."""
     if n <= 0:
         return []
-    found = paths(gold_triples(doc))
+    triples = gold_triples(doc)
+    found = paths(triples)
     rng = random.Random(f"read-two-hop:{seed}:{doc.doc_id}")
     rng.shuffle(found)
     out = []
+
+    def results(t: P.Triple) -> list[str]:  # no draw without distractors: the examples stay as they were
+        return with_distractors(t.object, t.subject, triples, distractors, rng) if distractors else [t.object]
+
     for first, second in found[:n]:
+        results1, results2 = results(first), results(second)
         q1, q2 = P.Query(first.subject, first.relation, None), P.Query(second.subject, second.relation, None)
         asked = P.escape_text(question(first, second, rng))
         common = {"kind": "read", "doc": doc.doc_id, "read_index": 0}
         read1 = [{"text": asked, "loss": False}, {"text": P.format_read_call([q1]), "loss": True},
-                 {"text": P.format_read_result([first.object]), "loss": False}]
+                 {"text": P.format_read_result(results1), "loss": False}]
         read2 = [{"text": P.format_read_call([q2]), "loss": True},
-                 {"text": P.format_read_result([second.object]), "loss": False},
+                 {"text": P.format_read_result(results2), "loss": False},
                  {"text": P.escape_text(" " + second.object), "loss": True}]
         answer2 = {"eos": True, "target": second.object, "queries": [[q2.subject, q2.relation, q2.object]],
-                   "results": [second.object], "result_counts": [1]}
+                   "results": results2, "result_counts": [len(results2)]}
         if keep_reads:
             out.append({**common, "two_hop": 1, **answer2,
                         "segments": [*read1, {"text": P.escape_text(" " + first.object), "loss": True}, *read2]})
@@ -106,7 +125,7 @@ def two_hop_records(doc: Document, n: int, seed: int = 0, *, keep_reads: bool = 
             **common, "two_hop": 1,
             "segments": [*read1, {"text": P.escape_text(" " + first.object) + P.MEM_READ, "loss": True}],
             "eos": False, "target": first.object, "queries": [[q1.subject, q1.relation, q1.object]],
-            "results": [first.object], "result_counts": [1],
+            "results": results1, "result_counts": [len(results1)],
         })
         out.append({**common, "two_hop": 2, **answer2,
                     "segments": [{"text": asked, "loss": False},

@@ -79,3 +79,15 @@ def test_with_keep_reads_a_question_is_one_example_holding_both_reads():
         assert [question, call1, result1] == first["segments"][:3] and [call2, result2, answer] == second["segments"][2:]
         assert stated["text"] == second["segments"][1]["text"] and one["two_hop"] == 1
         assert one["target"] == second["target"] and one["queries"] == second["queries"]
+
+
+def test_distractors_follow_the_right_entity_and_come_from_the_same_subject():
+    import random
+
+    rng = random.Random(0)
+    drawn = [two_hop.with_distractors("Vos", "Ann", WORLD, 0.5, rng) for _ in range(200)]
+    assert all(d[0] == "Vos" and 1 <= len(d) <= 3 and len(set(d)) == len(d) for d in drawn)
+    assert {e for d in drawn for e in d[1:]} == {"Kerek Group", "Bo", "Cy", "Di"}  # Ann's other objects
+    assert 0.35 < sum(len(d) > 1 for d in drawn) / 200 < 0.65
+    assert two_hop.with_distractors("Vos", "Ann", WORLD, 0.0, rng) == ["Vos"]
+    assert two_hop.with_distractors("Murestan", "Vos", WORLD, 1.0, rng) == ["Murestan"]  # Vos has no other object

@@ -19,6 +19,9 @@ from memllm_jax.errors import InputError
 from memllm_jax.model.load import load
 from tests.support.train_fixtures import lm_records, make_tokenizer, write_jsonl, write_records
 
+# One worker runs the module (`--dist loadgroup`): its trained workdirs are built once, not once per worker.
+pytestmark = pytest.mark.xdist_group("model_load")
+
 CONFIG = """
 import dataclasses
 from memllm_jax.config import TINY, LoraConfig, MeshConfig
