@@ -119,12 +119,13 @@ def test_the_answer_is_the_text_after_the_last_read():
 
 
 @pytest.mark.slow
-def test_with_keep_reads_the_first_read_stays_in_the_context():
+@pytest.mark.parametrize("batch_size", [1, 2], ids=["host_reads", "in_loop_reads"])
+def test_with_keep_reads_the_first_read_stays_in_the_context(batch_size):
     from experiments.tables import two_hop_markdown
 
     model, tok = _chain_reader()
     memory, empty = _memory()
-    res = two_hop.evaluate_two_hop(model, tok, memory, empty, QUESTIONS, max_new_tokens=60, batch_size=2,
+    res = two_hop.evaluate_two_hop(model, tok, memory, empty, QUESTIONS, max_new_tokens=60, batch_size=batch_size,
                                    keep_reads=True)
     assert (res.exact_with_memory, res.exact_without_memory, res.chained) == (1.0, 0.0, 1.0)
     first, second = res.examples[0]["trace"]
