@@ -155,6 +155,9 @@ def work(cfg: PipelineConfig, docs: dict) -> list[tuple[str, str]]:
                 f"{cfg.editing.n_edits} edits ({cfg.editing.records}), regimes {', '.join(cfg.editing.regimes)}"))
     out.append(("scaling", f"{len(cfg.scaling.sizes)} memory sizes x {cfg.data.eval_docs} documents, "
                            f"{len(cfg.scaling.growth_checkpoints)} growth checkpoints"))
+    out.append(("two_hop", "none" if not cfg.two_hop.questions else
+                f"{cfg.two_hop.questions} two-hop questions over the evaluation documents' facts, 3 conditions, "
+                f"<= {cfg.two_hop.max_new_tokens} tokens each" + (", reads kept" if cfg.data.read.keep_reads else "")))
     return out
 
 

@@ -83,3 +83,13 @@ def test_a_model_setting_that_disagrees_with_the_base_is_named(inputs, capsys):
     argv = ["run", "--config", str(config), "--out", str(tmp / "run"), "--dry-run", "--set", "mw.model.n_layers=3"]
     assert cli.main(argv) == 2
     assert capsys.readouterr().err.strip() == (f"error: setting mw.model.n_layers=3: the base {tmp / 'mistral'} has 2")
+
+
+def test_the_two_hop_stage_says_its_work():
+    from experiments import dry_run
+    from experiments.configs import default, two_hop
+
+    said = dict(dry_run.work(two_hop.get_config(), {}))
+    assert said["two_hop"] == "200 two-hop questions over the evaluation documents' facts, 3 conditions, " \
+                              "<= 64 tokens each, reads kept"
+    assert dict(dry_run.work(default.get_config(), {}))["two_hop"] == "none"
