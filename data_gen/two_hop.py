@@ -17,9 +17,8 @@ single example holding both reads trains a context that never occurs there: meas
 on it took the second read for a first one once the first had left the context, stated its result and read again
 (exact answers 0.01, with the gold reads in the prompt 0.99). For a reader decoded with `keep_reads` (the first
 read stays in the context), that single example is the context it meets, and is what it is trained on.
-`two_hop_records` builds the examples from one document's
-triples; `two_hop_questions` the evaluation's questions from the held-out documents' triples
-(`memllm_jax.eval.two_hop`).
+`two_hop_records` builds the examples from one document's triples; `two_hop_questions` the evaluation's questions
+from the held-out documents' triples (`memllm_jax.eval.two_hop`).
 """
 
 from __future__ import annotations

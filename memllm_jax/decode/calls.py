@@ -194,9 +194,8 @@ class CallBook:
         if prev is not None and prev < new_open and (r.active is None or prev >= r.active[1]):
             span, call = (prev, new_open), ApiCall(query_text=self.tok.decode(r.ctx[prev:new_open]), complete=False)
             r.calls.append(call)  # an unfinished call interrupted by a new one
-        elif r.active is not None and (r.active_call is None or self.keep_reads):
-            # A complete call that came with the prompt (e.g. a few-shot example) is the caller's context: kept;
-            # with `keep_reads`, every complete call.
+        elif r.active is not None and r.active_call is None:
+            # A complete call that came with the prompt (e.g. a few-shot example) is the caller's context: kept.
             r.active, r.call_start_prev = None, None
             return
         elif r.active is not None:
@@ -232,6 +231,9 @@ class CallBook:
         r.ctx.extend(answer_ids)
         r.kinds.extend("a" * len(answer_ids))
         feed[b].extend(answer_ids)
+        if self.keep_reads:  # it stays when the next call opens: nothing to remove, so no pause for it
+            r.call_start = None
+            return
         r.active, r.active_call, r.call_start = (r.call_start, len(r.ctx)), call, None
         active[b] = True
 
