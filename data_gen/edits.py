@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Iterable, Mapping, Sequence
 
-from data_gen.synthetic import cloze_templates, fill_cloze
+from data_gen.synthetic import cloze_templates, fill_cloze, phrase_cloze_forms
 from memllm_jax.eval.abstention import AbsentQuestion
 from memllm_jax.eval.editing import EditRecord
 from memllm_jax.protocol import Triple
@@ -91,3 +91,36 @@ def absent_questions(gold: Iterable[Triple], records: Sequence[EditRecord], n: i
             question = fill_cloze(rng.choice(forms[t.relation]), t.subject)
             asked[t.subject, t.relation] = AbsentQuestion(question, t.object)
     return list(asked.values())
+
+
+def phrase_edits(triples: Iterable[Triple], n: int, seed: int = 0,
+                 loc_triples: Iterable[Triple] = ()) -> list[EditRecord]:
+    """Up to `n` cloze edit records (as `synthetic_edits`) of phrase-relation facts (`synth_world.PHRASE_RELATIONS`),
+    one per subject: the statement is one of the corpus's forms for the phrase with another object of the same
+    relation ("The biographer of X was Y."), the question "X's biographer was", the rephrase "The biographer of X
+    was", the locality question the same cloze about a fact of `loc_triples` (or `triples`) whose subject no edit
+    names."""
+    triples = sorted(set(triples))
+    rng = random.Random(f"phrases:{seed}")
+    rng.shuffle(triples)
+    objects: dict[str, set[str]] = {}
+    for t in triples:
+        objects.setdefault(t.relation, set()).add(t.object)
+    chosen: list[tuple[Triple, str]] = []
+    subjects: set[str] = set()
+    for t in triples:
+        alts = sorted(objects[t.relation] - {t.object, t.subject})
+        if len(chosen) >= n or t.subject in subjects or not alts:
+            continue
+        subjects.add(t.subject)
+        chosen.append((t, rng.choice(alts)))
+    touched = {name for t, alt in chosen for name in (t.subject, t.object, alt)}
+    loc_pool = sorted(set(loc_triples) | set(triples))
+    loc_pool = [t for t in loc_pool if t.subject not in touched] or [t for t, _ in chosen]
+    records = []
+    for k, (t, alt) in enumerate(chosen):
+        forms, loc = phrase_cloze_forms(t.relation), loc_pool[(k * 7919) % len(loc_pool)]
+        records.append(EditRecord(fill_cloze(forms[0], t.subject), fill_cloze(forms[1], t.subject), alt,
+                                  fill_cloze(phrase_cloze_forms(loc.relation)[0], loc.subject), loc.object,
+                                  statement=fill_cloze(rng.choice(forms), t.subject, alt)))
+    return records

@@ -29,6 +29,42 @@ INVERSE: dict[str, str] = {"P22": "P40", "P25": "P40", "P26": "P26", "P3373": "P
                            "P1376": "P36", "P150": "P131", "P175": "P800", "P50": "P800", "P57": "P800"}
 """Stating (a, r, b) also annotates (b, INVERSE[r], a), as DocRED annotates both directions."""
 
+PHRASE_RELATIONS: dict[str, tuple[str, str]] = {
+    # phrase: (subject pool, object pool); a pool is "person", "city", "country", "company", "club" or "novel"
+    "mentor": ("person", "person"), "rival": ("person", "person"), "best friend": ("person", "person"),
+    "doctor": ("person", "person"), "lawyer": ("person", "person"), "agent": ("person", "person"),
+    "training partner": ("person", "person"), "favourite city": ("person", "city"), "bank": ("person", "company"),
+    "main sponsor": ("person", "company"), "main rival": ("company", "company"),
+    "largest customer": ("company", "company"), "auditor": ("company", "company"),
+    "spokesperson": ("company", "person"), "biggest market": ("company", "country"),
+    "dedicatee": ("novel", "person"), "cover artist": ("novel", "person"), "editor": ("novel", "person"),
+    "best known resident": ("city", "person"), "largest company": ("country", "company"),
+    "biggest trading partner": ("country", "country"), "home club": ("person", "club"),
+    # held out (HELDOUT_PHRASES): no training document states them
+    "biographer": ("person", "person"), "first teacher": ("person", "person"),
+    "favourite novel": ("person", "novel"), "main supplier": ("company", "company"),
+    "legal adviser": ("company", "person"), "translator": ("novel", "person"), "main employer": ("city", "company"),
+    "national hero": ("country", "person"),
+}
+"""Relations outside DocRED's 96 labels, named by a phrase the sentence states ("X's mentor was Y"): the memory-write
+model writes the phrase as the relation (`X>>mentor>>Y`) and the memory matches it by embedding. Off unless a
+`World` is built with `phrases`."""
+
+HELDOUT_PHRASES: frozenset[str] = frozenset({"biographer", "first teacher", "favourite novel", "main supplier",
+                                             "legal adviser", "translator", "main employer", "national hero"})
+"""Phrase relations held out by relation: only the held-out and edit worlds state them (`TRAIN_PHRASES` the
+others)."""
+
+TRAIN_PHRASES: tuple[str, ...] = tuple(p for p in PHRASE_RELATIONS if p not in HELDOUT_PHRASES)
+PHRASE_SHARE = 0.25
+"""Chance that an entity of a phrase relation's subject pool has a fact of it."""
+
+
+def phrase_id(phrase: str) -> str:
+    """The relation id of a phrase relation (as `RELATIONS`' P-ids; DocRED documents' `r`): "phrase:best_friend"."""
+    return "phrase:" + phrase.replace(" ", "_")
+
+
 _ONSETS = "b br d dr f g gr k kl l m n p pr r s st t tr v z th sh".split()
 _VOWELS = "a e i o u ai ei ou ae".split()
 _CODAS = ["", "", "", "n", "r", "l", "s", "th", "m", "k"]
@@ -53,8 +89,10 @@ class World:
     """`exclude_names`: names another world already uses (a held-out world built with the training world's
     names excluded shares no entity with it; only dates and years can coincide)."""
 
-    def __init__(self, seed: int | str = 0, n_persons: int = 400, exclude_names: frozenset[str] = frozenset()):
+    def __init__(self, seed: int | str = 0, n_persons: int = 400, exclude_names: frozenset[str] = frozenset(),
+                 phrases: tuple[str, ...] = ()):
         self.seed = seed
+        self.phrases = tuple(phrases)
         self.rng = random.Random(f"memllm-world:{seed}")
         self.ents: dict[str, Ent] = {}
         self._names: set[str] = set()
@@ -105,6 +143,7 @@ class World:
             kind, creator_pid, pub_pid = WORK_KINDS[i % 3]
             self.works.append(self._add("work", i, self._work_title(), "MISC", kind=kind))
         self._assign_facts(creator_pids={w[0]: (w[1], w[2]) for w in WORK_KINDS})
+        self._assign_phrase_facts()
 
     # ------------------------------------------------------------------------------------------ names
     def _word(self, syllables: int) -> str:
@@ -185,6 +224,23 @@ class World:
                             "P577": self.year(rng.randint(1920, 2020)), "P495": country.key,
                             "P364": country.facts["P37"]})
             creator.facts.setdefault("P800", []).append(w.key)
+
+    def _pool(self, name: str) -> list[Ent]:
+        return {"person": self.persons, "city": self.cities, "country": self.countries,
+                "company": self.orgs_by_kind["company"], "club": self.orgs_by_kind["club"],
+                "novel": [w for w in self.works if w.kind == "novel"]}[name]
+
+    def _assign_phrase_facts(self) -> None:
+        """Facts of `self.phrases` (`PHRASE_RELATIONS`), from a random stream of their own: a world without
+        phrases is the world it was before they existed."""
+        rng = random.Random(f"memllm-phrases:{self.seed}")
+        for phrase in self.phrases:
+            subjects, objects = (self._pool(p) for p in PHRASE_RELATIONS[phrase])
+            for subj in subjects:
+                if rng.random() < PHRASE_SHARE:
+                    obj = rng.choice(objects)
+                    if obj is not subj:
+                        subj.facts[phrase_id(phrase)] = obj.key
 
     def names(self) -> frozenset[str]:
         """Every named entity's name (dates and years excluded)."""

@@ -16,7 +16,8 @@ import random
 import re
 from typing import Iterable, Iterator
 
-from data_gen.synth_world import INVERSE, RELATIONS, World
+from data_gen.synth_world import INVERSE, PHRASE_RELATIONS, RELATIONS, TRAIN_PHRASES, World, phrase_id
+from memllm_jax.protocol import Triple
 
 # {S}: the focus (name or pronoun), {S's}: its possessive, {P19}: the focus's value for P19,
 # {P19.P17}: the P17 value of that value (a fact about another entity), {C}: the work's creator.
@@ -68,6 +69,8 @@ FILLERS: list[str] = [
     "The details are given in several later accounts .", "{S's} story is told in many ways .",
 ]
 """Sentences without relations, so write examples also teach the empty call."""
+PHRASE_FORMS: tuple[str, ...] = ("{S's} {phrase} was {O} .", "The {phrase} of {S} was {O} .", "{O} was {S's} {phrase} .")
+"""How a phrase relation's fact is stated (`synth_world.PHRASE_RELATIONS`): the phrase itself, in one of these forms."""
 OCCUPATIONS = "writer musician politician engineer scientist painter lawyer architect".split()
 PRONOUNS = {"m": ("He", "His"), "f": ("She", "Her"), "n": ("It", "Its")}
 _SLOT = re.compile(r"\{([^}]+)\}")
@@ -170,6 +173,18 @@ def _focus_kind(ent) -> str:
     return "COUNTRY" if ent.key.startswith("country") else "CITY"
 
 
+def phrase_template(form: str, phrase: str) -> str:
+    """A `PHRASE_FORMS` form as a document template for `phrase` (its object slot named by the relation id)."""
+    return form.replace("{phrase}", phrase).replace("{O}", "{" + phrase_id(phrase) + "}")
+
+
+def _phrase_templates(world: World, focus, rng: random.Random) -> list[str]:
+    """One sentence form per phrase relation of `world` whose subject pool `focus` belongs to."""
+    pool = {"PER": "person", "CITY": "city", "COUNTRY": "country"}.get(_focus_kind(focus))
+    pool = pool or ("company" if focus.kind == "company" else "novel" if focus.kind == "novel" else None)
+    return [phrase_template(rng.choice(PHRASE_FORMS), p) for p in world.phrases if PHRASE_RELATIONS[p][0] == pool]
+
+
 def _zipf_pick(items: list, rng: random.Random):
     return items[int(len(items) * rng.random() ** 1.6)]
 
@@ -195,7 +210,8 @@ def generate_document(world: World, index: int, style: str = "docred") -> dict:
         for t in rng.sample(TEMPLATES[kind], len(TEMPLATES[kind])):
             if b.sentence(t, rng, False):
                 break
-    templates = rng.sample(TEMPLATES[kind], len(TEMPLATES[kind]))
+    templates = TEMPLATES[kind] + (_phrase_templates(world, focus, rng) if world.phrases else [])
+    templates = rng.sample(templates, len(templates))
     want = rng.randint(3, 7)
     for t in templates:
         if len(b.sents) > want:
@@ -263,12 +279,15 @@ def iter_synthetic(n_docs: int, seed: int = 0, n_persons: int | None = None, sty
 HELDOUT_SEED_SUFFIX = ":heldout"
 
 
-def heldout_split(n_train: int, n_heldout: int, seed: int = 0, style: str = "docred") -> tuple[list[dict], list[dict]]:
+def heldout_split(n_train: int, n_heldout: int, seed: int = 0, style: str = "docred",
+                  phrases: bool = False) -> tuple[list[dict], list[dict]]:
     """Training documents from one world and held-out documents from a second world that shares no entity
     name with the first (seeded `f"{seed}:heldout"`), so no held-out fact is stated in training text: only a
-    memory can supply it. Returns (training documents, held-out documents)."""
-    train_world = World(seed, min(50000, max(40, n_train // 2)))
-    heldout_world = World(f"{seed}{HELDOUT_SEED_SUFFIX}", max(40, n_heldout // 2), exclude_names=train_world.names())
+    memory can supply it. Returns (training documents, held-out documents). `phrases`: the training world states
+    `TRAIN_PHRASES`' facts, the held-out world every phrase relation's (`HELDOUT_PHRASES` held out by relation)."""
+    train_world = World(seed, min(50000, max(40, n_train // 2)), phrases=TRAIN_PHRASES if phrases else ())
+    heldout_world = World(f"{seed}{HELDOUT_SEED_SUFFIX}", max(40, n_heldout // 2), exclude_names=train_world.names(),
+                          phrases=tuple(PHRASE_RELATIONS) if phrases else ())
     return (list(iter_synthetic(n_train, style=style, world=train_world)),
             list(iter_synthetic(n_heldout, style=style, world=heldout_world)))
 
@@ -276,18 +295,32 @@ def heldout_split(n_train: int, n_heldout: int, seed: int = 0, style: str = "doc
 EDITS_SEED_SUFFIX = ":edits"
 
 
+def edit_world(n_docs: int, seed: int = 0, exclude_names: Iterable[str] = (), phrases: bool = False) -> World:
+    """The third world (seeded `f"{seed}:edits"`, sharing no entity name with `exclude_names`, the corpus's names)
+    whose facts the Table 3 analogue edits: as in ZsRE, the edits are about subjects that neither the training text
+    nor the evaluation documents mention, and there are enough of them for one edit per subject and kind of answer
+    (`data_gen.edits.synthetic_edits`). `phrases`: it has every phrase relation's facts too
+    (`synth_world.PHRASE_RELATIONS`)."""
+    return World(f"{seed}{EDITS_SEED_SUFFIX}", max(40, n_docs // 2), exclude_names=frozenset(exclude_names),
+                 phrases=tuple(PHRASE_RELATIONS) if phrases else ())
+
+
 def edit_world_documents(n_docs: int, seed: int = 0, exclude_names: Iterable[str] = (),
-                         style: str = "docred") -> list[dict]:
-    """Documents of a third world (seeded `f"{seed}:edits"`, sharing no entity name with `exclude_names`, the
-    corpus's names) whose facts the Table 3 analogue edits: as in ZsRE, the edits are about subjects that neither
-    the training text nor the evaluation documents mention, and there are enough of them for one edit per subject
-    and kind of answer (`data_gen.edits.synthetic_edits`)."""
-    world = World(f"{seed}{EDITS_SEED_SUFFIX}", max(40, n_docs // 2), exclude_names=frozenset(exclude_names))
-    return list(iter_synthetic(n_docs, style=style, world=world))
+                         style: str = "docred", phrases: bool = False) -> list[dict]:
+    """`n_docs` documents of `edit_world`."""
+    return list(iter_synthetic(n_docs, style=style, world=edit_world(n_docs, seed, exclude_names, phrases)))
 
 
-def synthetic_rel_info() -> dict[str, str]:
-    return dict(RELATIONS)
+def phrase_triples(world: World, phrases: Iterable[str]) -> list[Triple]:
+    """The facts of `world` whose relation is one of `phrases` (`synth_world.PHRASE_RELATIONS`), as named triples."""
+    pids = {phrase_id(p): p for p in phrases}
+    return sorted(Triple(e.name, pids[pid], world.ents[obj].name) for e in world.ents.values()
+                  for pid, obj in e.facts.items() if pid in pids)
+
+
+def synthetic_rel_info(phrases: bool = False) -> dict[str, str]:
+    """The synthetic corpus's relation labels: DocRED's, and with `phrases` the phrase relations' (id -> phrase)."""
+    return dict(RELATIONS) | ({phrase_id(p): p for p in PHRASE_RELATIONS} if phrases else {})
 
 
 def cloze_templates() -> dict[str, list[str]]:
@@ -309,6 +342,13 @@ def cloze_templates() -> dict[str, list[str]]:
             if text not in out.setdefault(label, []):
                 out[label].append(text)
     return out
+
+
+def phrase_cloze_forms(phrase: str) -> list[str]:
+    """`PHRASE_FORMS` for `phrase` as `cloze_templates` writes them (`{O}` and the full stop), the cloze forms
+    (subject before the object) first: "{S's} mentor was {O}.", "The mentor of {S} was {O}.", "{O} was {S's}
+    mentor."."""
+    return [f.replace("{phrase}", phrase).replace(" .", ".") for f in PHRASE_FORMS]
 
 
 def fill_cloze(template: str, subject: str, obj: str | None = None) -> str:

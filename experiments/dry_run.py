@@ -41,7 +41,7 @@ def _documents(path: str, labels: dict, problems: list[str]) -> list:
 
 def _labels(cfg: PipelineConfig, problems: list[str]) -> dict:
     if cfg.data.corpus == "synthetic":
-        return synthetic_rel_info()
+        return synthetic_rel_info(cfg.data.phrase_relations)
     from data_gen.cli import labels_for
 
     try:
@@ -152,7 +152,9 @@ def work(cfg: PipelineConfig, docs: dict) -> list[tuple[str, str]]:
     out.append(("diagnostics", f"{cfg.diagnostics.examples} held-out write and read examples"))
     out.append(("table2", f"{len(cfg.table2.rows)} rows x {cfg.data.eval_docs} documents"))
     out.append(("editing", "none" if not cfg.editing.records else
-                f"{cfg.editing.n_edits} edits ({cfg.editing.records}), regimes {', '.join(cfg.editing.regimes)}"))
+                f"{cfg.editing.n_edits} edits ({cfg.editing.records}), regimes {', '.join(cfg.editing.regimes)}"
+                + (f"; <= {cfg.editing.n_edits} phrase-relation edits each of held-out and seen relations, sequential"
+                   if cfg.data.phrase_relations and cfg.editing.records == "synthetic" else "")))
     out.append(("scaling", f"{len(cfg.scaling.sizes)} memory sizes x {cfg.data.eval_docs} documents, "
                            f"{len(cfg.scaling.growth_checkpoints)} growth checkpoints"))
     out.append(("two_hop", "none" if not cfg.two_hop.questions else

@@ -55,6 +55,12 @@ class DataConfig:
     of Table 2, and the development set of the memory stage's confidence threshold; 0 skips them."""
     train_docs: int = 0
     """Train on the first this many training documents (0: all): learning curves against training text."""
+    phrase_relations: bool = False
+    """Synthetic corpus: facts of relations outside DocRED's labels, stated and written with a phrase of the
+    sentence ("X's mentor was Y": `X>>mentor>>Y`; `data_gen.synth_world.PHRASE_RELATIONS`). The training world
+    states 22 of them, the held-out and edit worlds all 30: 8 are held out by relation. The memory stage then keeps a
+    written triple of any relation name (names still grounded), and the editing stage adds a block of phrase-relation
+    edits, seen and held-out (`table3_phrases*`). Not in the paper (its 96 relation types)."""
     write: WriteRecipe = WriteRecipe(context_free=1)
     """How the memory-write examples are built."""
     read: ReadRecipe = ReadRecipe(context_free=1)
@@ -64,6 +70,9 @@ class DataConfig:
                               "outside_docs": "nonnegative", "train_docs": "nonnegative"}
 
     def check(self) -> None:
+        if self.phrase_relations and (self.corpus != "synthetic" or not self.heldout_world):
+            raise InputError("setting data.phrase_relations: needs the synthetic corpus with data.heldout_world "
+                             "(its relations are held out by world)")
         if self.corpus == "synthetic" and self.synth_docs <= self.eval_docs + self.outside_docs:
             raise InputError(f"synth_docs={self.synth_docs}: leaves no training document after eval_docs + "
                              f"outside_docs = {self.eval_docs + self.outside_docs}")

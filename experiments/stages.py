@@ -26,7 +26,7 @@ def _labels(self):
     if self.cfg.data.corpus == "synthetic":
         from data_gen.synthetic import synthetic_rel_info
 
-        return synthetic_rel_info()
+        return synthetic_rel_info(self.cfg.data.phrase_relations)
     return labels_for(self.cfg.data.labels or None, self.cfg.data.corpus)
 
 
@@ -52,7 +52,8 @@ def stage_corpus(self):
     if cfg.corpus == "synthetic" and cfg.heldout_world:
         from data_gen.synthetic import heldout_split
 
-        train, heldout = heldout_split(cfg.synth_docs - n_eval - n_out, n_eval + n_out, seed=cfg.synth_seed)
+        train, heldout = heldout_split(cfg.synth_docs - n_eval - n_out, n_eval + n_out, seed=cfg.synth_seed,
+                                       phrases=cfg.phrase_relations)
         raw = train + heldout
     elif cfg.corpus == "synthetic":
         from data_gen.synthetic import iter_synthetic
@@ -230,8 +231,9 @@ def _write_budget(self, min_confidence: float | None) -> dict:
     """`write_corpus`'s settings for the config: its decoding, batching and checks (grounded triples name one of
     the corpus's relation labels)."""
     w = self.cfg.write
+    known = w.grounded and not self.cfg.data.phrase_relations  # phrase relations: any relation name is kept
     return dict(decoding=_write_decoding(self), batch_size=w.batch, refill=w.refill, grounded=w.grounded,
-                relations=set(_labels(self).values()) if w.grounded else None, min_confidence=min_confidence)
+                relations=set(_labels(self).values()) if known else None, min_confidence=min_confidence)
 
 
 def _edit_checks(self) -> dict:
@@ -503,37 +505,55 @@ def stage_table2(self):
     return {"rows": list(results)}
 
 
-def _synthetic_edit_records(self, absent: list | None = None) -> list:
-    """The Table 3 analogue's edits, at most one per subject and kind of answer. With a held-out world they are
-    drawn from a third world's documents (`data_gen.synthetic.edit_world_documents`: no name of the corpus, 2
-    documents per edit); otherwise from the evaluation and outside documents' facts. `absent`: extended by
-    `editing.absent_questions` questions about the same documents' facts that no edit touches
-    (`data_gen.edits.absent_questions`)."""
+def _edit_world(self):
+    """The Table 3 analogue's edit world (`data_gen.synthetic.edit_world`: no name of the corpus, 2 documents per
+    edit) and its documents."""
     from data_gen.docred import documents_from_raw
+    from data_gen.overlap import heldout_overlap
+    from data_gen.synthetic import edit_world, iter_synthetic
+
+    splits = ("train", "eval", "outside") if self.cfg.data.outside_docs else ("train", "eval")
+    corpus = [d for split in splits for d in _documents(self, split)]
+    names = {m.text for d in corpus for e in d.entities for m in e.full_mentions}
+    n_docs = 2 * self.cfg.editing.n_edits
+    world = edit_world(n_docs, self.cfg.data.synth_seed, names, phrases=self.cfg.data.phrase_relations)
+    docs = list(documents_from_raw(iter_synthetic(n_docs, world=world), _labels(self), source="edit world"))
+    overlap = heldout_overlap(corpus, docs, [])
+    self.say(f"  editing: {len(docs)} edit-world documents; their facts stated in the corpus: "
+             f"{overlap['triples_in_train']:.3f}")
+    return world, docs
+
+
+def _synthetic_edit_records(self, absent: list | None = None, docs: list | None = None) -> list:
+    """The Table 3 analogue's edits, at most one per subject and kind of answer. With a held-out world they are
+    drawn from the edit world's documents `docs` (`_edit_world`); otherwise from the evaluation and outside
+    documents' facts. `absent`: extended by `editing.absent_questions` questions about the same documents' facts
+    that no edit touches (`data_gen.edits.absent_questions`)."""
     from data_gen.edits import absent_questions, synthetic_edits
     from data_gen.gold_memory import gold_triples
 
-    splits = ("eval", "outside") if self.cfg.data.outside_docs else ("eval",)
-    n_edits = self.cfg.editing.n_edits
-    if self.cfg.data.corpus == "synthetic" and self.cfg.data.heldout_world:
-        from data_gen.overlap import heldout_overlap
-        from data_gen.synthetic import edit_world_documents
-
-        corpus = [d for split in ("train",) + splits for d in _documents(self, split)]
-        names = {m.text for d in corpus for e in d.entities for m in e.full_mentions}
-        docs = list(documents_from_raw(edit_world_documents(2 * n_edits, self.cfg.data.synth_seed, names),
-                                       _labels(self), source="edit world"))
-        overlap = heldout_overlap(corpus, docs, [])
-        self.say(f"  editing: {len(docs)} edit-world documents; their facts stated in the corpus: "
-                 f"{overlap['triples_in_train']:.3f}")
-    else:
-        docs = [d for split in splits for d in _documents(self, split)]
+    if docs is None:
+        docs = [d for split in ("eval", "outside")[: 2 if self.cfg.data.outside_docs else 1]
+                for d in _documents(self, split)]
     kinds = {e.name: e.type for d in docs for e in d.entities}
     gold = [t for d in docs for t in gold_triples(d)]
-    records = synthetic_edits(gold, n_edits, object_kinds=kinds)
+    records = synthetic_edits(gold, self.cfg.editing.n_edits, object_kinds=kinds)
     if absent is not None:
         absent += absent_questions(gold, records, self.cfg.editing.absent_questions)
     return records
+
+
+def _phrase_edit_records(self, world) -> dict[str, list]:
+    """Phrase-relation edits of the edit world (`data_gen.edits.phrase_edits`), the held-out phrases' and the
+    training phrases', `editing.n_edits` at most each."""
+    from data_gen.edits import phrase_edits
+    from data_gen.synth_world import HELDOUT_PHRASES, PHRASE_RELATIONS, TRAIN_PHRASES
+    from data_gen.synthetic import phrase_triples
+
+    every = phrase_triples(world, PHRASE_RELATIONS)
+    return {kind: phrase_edits(phrase_triples(world, phrases), self.cfg.editing.n_edits, self.cfg.data.synth_seed,
+                               loc_triples=every)
+            for kind, phrases in (("heldout", sorted(HELDOUT_PHRASES)), ("seen", TRAIN_PHRASES))}
 
 
 def stage_editing(self):
@@ -546,8 +566,13 @@ def stage_editing(self):
     if not cfg.records:
         return {"skipped": True}
     absent: list = []
+    phrase_records: dict[str, list] = {}
     if cfg.records == "synthetic":
-        records, shots, style = _synthetic_edit_records(self, absent), (), "cloze"
+        world, docs = (_edit_world(self) if self.cfg.data.corpus == "synthetic" and self.cfg.data.heldout_world
+                       else (None, None))
+        records, shots, style = _synthetic_edit_records(self, absent, docs), (), "cloze"
+        if self.cfg.data.phrase_relations:
+            phrase_records = _phrase_edit_records(self, world)
         if len(records) < cfg.n_edits:
             self.say(f"  editing: {len(records)} synthetic edits (n_edits = {cfg.n_edits}; the edited documents' facts allow no more)")
     else:
@@ -564,7 +589,6 @@ def stage_editing(self):
                            memory_config=MEMORY_PRESETS[cfg.memory], max_new_tokens=cfg.max_new_tokens,
                            regimes=cfg.regimes, style=style, **_edit_checks(self), absent=absent,
                            keep_empty=cfg.keep_empty, progress=self.say, work=work)
-    self.work.model_work(self.model("mr").cfg, work, EDIT_BATCH)
     out = {k: v.to_json() for k, v in res.items()}
     # a ZsRE file's results sit next to the synthetic analogue's: `table3_<file stem>.*`
     stem = "table3" if cfg.records == "synthetic" else "table3_" + pathlib.Path(cfg.records).stem
@@ -573,6 +597,19 @@ def stage_editing(self):
                          else f"Table 3 (ours, {pathlib.Path(cfg.records).name}, {len(records)} records)")
     atomic_write_text(self.out / "results" / f"{stem}.md", md + "\n")
     self.say(md)
+    for kind, precs in phrase_records.items():
+        title = {"heldout": "held-out relations: no training document states them",
+                 "seen": "relations the training documents state, about edit-world subjects"}[kind]
+        res = evaluate_editing(self.model("mw"), self.model("mr"), self.tokenizer(), self.encoder(), precs,
+                               memory_config=MEMORY_PRESETS[cfg.memory], max_new_tokens=cfg.max_new_tokens,
+                               regimes=("sequential",), style="cloze", **_edit_checks(self), keep_empty=cfg.keep_empty,
+                               progress=self.say, work=work)
+        out = {k: v.to_json() for k, v in res.items()}
+        _save_json(self.out / "results" / f"table3_phrases_{kind}.json", out)
+        md = table3_markdown(out, f"Relations outside the label set ({len(precs)} phrase-relation edits, {title})")
+        atomic_write_text(self.out / "results" / f"table3_phrases_{kind}.md", md + "\n")
+        self.say(md)
+    self.work.model_work(self.model("mr").cfg, work, EDIT_BATCH)
     return {"regimes": list(out)}
 
 
