@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--persons", type=int, default=None, help="world size (default docs // 2, in [40, 50000])")
     s.add_argument("--style", choices=("docred", "retllm"), default="docred")
+    s.add_argument("--phrases", action="store_true",
+                   help="also state facts of the 30 relations outside DocRED's labels, named by a phrase of the "
+                        "sentence (data_gen/synth_world.py PHRASE_RELATIONS; their labels go to rel_info.json)")
 
     b = sub.add_parser("build", help="build write / read / eval examples from a DocRED-format corpus")
     b.add_argument("--input", required=True, help="DocRED-format .json array or .jsonl")
@@ -117,9 +120,9 @@ def _corpus_labels(input_path: str) -> dict[str, str]:
     from data_gen.io import iter_json_array
     from data_gen.synthetic import synthetic_rel_info
 
-    known = synthetic_rel_info()
     used = {lab["r"] for doc in iter_json_array(input_path) if isinstance(doc, dict) and isinstance(doc.get("labels"), list)
             for lab in doc["labels"] if isinstance(lab, dict) and isinstance(lab.get("r"), str)}
+    known = synthetic_rel_info(phrases=any(r.startswith("phrase:") for r in used))
     unknown = sorted(used - known.keys())
     if unknown:
         shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
@@ -136,6 +139,7 @@ def main(args: argparse.Namespace) -> int:
 def _synth(args) -> int:
     from data_gen.io import JsonArrayWriter, JsonlWriter
     from memllm_jax.files import atomic_open
+    from data_gen.synth_world import PHRASE_RELATIONS
     from data_gen.synthetic import iter_synthetic, synthetic_rel_info
 
     if args.docs < 1:
@@ -143,13 +147,15 @@ def _synth(args) -> int:
     t0 = time.perf_counter()
     out = pathlib.Path(args.out)
     rel_info = out.parent / "rel_info.json"
-    if rel_info.exists() and _json_or_none(rel_info) != synthetic_rel_info():  # e.g. DocRED's labels
+    labels = synthetic_rel_info(phrases=args.phrases)
+    if rel_info.exists() and _json_or_none(rel_info) != labels:  # e.g. DocRED's labels
         raise InputError(f"{rel_info}: a different relation label file is already there (the synthetic corpus "
                          f"writes its own rel_info.json beside --out); choose another folder or remove it")
     n_sent = n_rel = n_pron = 0
     writer = JsonlWriter(out) if out.suffix == ".jsonl" else JsonArrayWriter(out)
     with writer as w:
-        for doc in iter_synthetic(args.docs, args.seed, args.persons, args.style):
+        phrases = tuple(PHRASE_RELATIONS) if args.phrases else ()
+        for doc in iter_synthetic(args.docs, args.seed, args.persons, args.style, phrases=phrases):
             w.write(doc)
             n_sent += len(doc["sents"])
             n_rel += len(doc["labels"])
@@ -157,12 +163,12 @@ def _synth(args) -> int:
     wrote = f"{out}" if rel_info.exists() else f"{out} and {rel_info}"  # an equal rel_info.json stays as it is
     if not rel_info.exists():
         with atomic_open(rel_info) as f:
-            json.dump(synthetic_rel_info(), f, indent=1)
+            json.dump(labels, f, indent=1)
     dt = time.perf_counter() - t0
     print(f"## synthetic corpus ({args.style}, seed {args.seed})\n\n| statistic | value |\n|---|---|\n"
           f"| documents | {args.docs} |\n| sentences per document | {n_sent / max(args.docs, 1):.2f} |\n"
           f"| relations per document | {n_rel / max(args.docs, 1):.2f} |\n| pronoun mentions | {n_pron} |\n"
-          f"| relation types | {len(synthetic_rel_info())} |\n| seconds | {dt:.2f} |\n\nwrote {wrote}")
+          f"| relation types | {len(labels)} |\n| seconds | {dt:.2f} |\n\nwrote {wrote}")
     return 0
 
 

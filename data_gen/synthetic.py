@@ -267,11 +267,11 @@ def _retllm_document(world: World, rng: random.Random, index: int) -> dict:
 
 
 def iter_synthetic(n_docs: int, seed: int = 0, n_persons: int | None = None, style: str = "docred",
-                   world: World | None = None) -> Iterator[dict]:
+                   world: World | None = None, phrases: tuple[str, ...] = ()) -> Iterator[dict]:
     """Stream `n_docs` DocRED-format documents. The world has `n_persons` people (default n_docs // 2,
-    clamped to [40, 50000]), so entities recur across documents."""
+    clamped to [40, 50000]), so entities recur across documents, and the facts of the phrase relations `phrases`."""
     if world is None:
-        world = World(seed, n_persons if n_persons is not None else min(50000, max(40, n_docs // 2)))
+        world = World(seed, n_persons if n_persons is not None else min(50000, max(40, n_docs // 2)), phrases=phrases)
     for i in range(n_docs):
         yield generate_document(world, i, style)
 

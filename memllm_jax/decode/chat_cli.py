@@ -35,11 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-empty", action="store_true",
                         help="keep a read that finds nothing in the context, closed with nothing, so that a model "
                              f"trained for it answers {protocol.ABSTAIN!r} (memory-aware; the paper removes it)")
+    parser.add_argument("--keep-reads", action="store_true",
+                        help="keep a complete read in the context when the next one opens, so that a model trained "
+                             "for it chains two reads for a two-hop question (the paper removes it)")
 
 
 def chat_session(read_model, write_model, tok, memory, lines: Iterable[str], out: TextIO, *, save=None,
                  max_new_tokens: int = 48, force_read: bool = False, show_memory: bool = False,
-                 session: str = "chat", keep_empty: bool = False) -> None:
+                 session: str = "chat", keep_empty: bool = False, keep_reads: bool = False) -> None:
     """Run the chat over `lines` (stdin or a test script), writing replies to `out`; `save()` persists."""
     from memllm_jax.decode.generate_cli import format_result
     from memllm_jax.decode.reader import generate_with_memory
@@ -85,7 +88,7 @@ def chat_session(read_model, write_model, tok, memory, lines: Iterable[str], out
             continue
         if line.endswith("?"):
             [res] = generate_with_memory(read_model, tok, memory, [line + " "], max_new_tokens,
-                                         force_read=force_read, keep_empty=keep_empty)
+                                         force_read=force_read, keep_empty=keep_empty, keep_reads=keep_reads)
             out.write(format_result("", res, show_memory) + "\n")
             continue
         sentences = [s for s in _SENT_END.split(line) if s]
@@ -121,6 +124,6 @@ def main(args: argparse.Namespace) -> int:
     print("memllm chat: statements are stored, questions (ending with ?) are answered; /help for commands")
     chat_session(read_model, write_model, tok, memory, sys.stdin, sys.stdout, save=save,
                  max_new_tokens=args.max_new_tokens, force_read=args.force_read, show_memory=args.show_memory,
-                 keep_empty=args.keep_empty)
+                 keep_empty=args.keep_empty, keep_reads=args.keep_reads)
     save()
     return 0

@@ -249,3 +249,19 @@ def test_a_misspelt_threshold_setting_is_refused_before_the_run(tmp_path):
     cfg = replace(PipelineConfig(), {"write.min_confidence": "developement"})
     with pytest.raises(InputError, match="^setting write.min_confidence='developement': must be one of 'development'"):
         check_config(cfg)
+
+
+def test_chat_chains_two_reads_and_keeps_the_first_with_keep_reads():
+    from memllm_jax.decode.chat_cli import chat_session
+    from tests.support.chain_reader import chain_reader, two_hop_memory
+
+    model, tok = chain_reader()
+    memory, _ = two_hop_memory()
+    for keep in (True, False):
+        out = io.StringIO()
+        chat_session(model, model, tok, memory, ["What is the city of the employer of Ann?"], out, force_read=True,
+                     max_new_tokens=80, show_memory=True, keep_reads=keep)
+        text = out.getvalue()
+        assert "Kerek Group Oslo." in text and "result: ['Oslo']  -> kept" in text
+        assert ("result: ['Kerek Group']  -> kept" in text) == keep
+        assert ("result: ['Kerek Group']  -> removed (new_call)" in text) == (not keep)

@@ -1,68 +1,13 @@
 """Two-hop questions (`eval.two_hop`): a scripted reader that chains two reads, the three conditions, the
 answer taken after the last read, the block in the report and the page."""
 
-import re
-
 import pytest
 
 from memllm_jax import protocol
 from memllm_jax.eval import two_hop
 from memllm_jax.eval.two_hop import TwoHopQuestion
+from tests.support.chain_reader import chain_reader, two_hop_memory
 from tests.support.eval_fakes import CharTokenizer
-
-QUESTION = re.compile(r"What is the (.+) of the (.+) of (.+)\?")
-
-
-def _chain_reader(chain: bool = True):
-    """A scripted reader of "What is the r2 of the r1 of X?": its forced read asks X>>r1>>, it states the result C,
-    opens a second read C>>r2>> and answers " <result>." (with `chain` False it answers C itself). A removed read
-    leaves it guessing " Nowhere."."""
-    from tests.support.scripted import PolicyModel
-
-    tok = CharTokenizer()
-    mr, rend, cend = (tok.marker_id[m] for m in (protocol.MEM_READ, protocol.READ_END, protocol.CALL_END))
-
-    def policy(ctx):
-        text = tok.decode(ctx[1:])
-        m = QUESTION.match(text)
-        if m is None:  # a prefix of the prompt
-            return [tok.eos_id]
-        second, first, subject = m.groups()
-        q_end = ctx.index(tok.encode("?")[0]) + 1
-        if mr not in ctx[q_end:]:  # every read removed
-            after, target = tok.decode(ctx[q_end:]), " Nowhere."
-        else:
-            k = len(ctx) - 1 - ctx[::-1].index(mr)
-            stated = protocol.strip_calls(tok.decode(ctx[q_end:k])).strip()
-            gen = ctx[k + 1:]
-            if rend not in gen:  # writing a query: of X, or of the entity stated before this read
-                query = tok.encode(f"{stated}>>{second}>>" if stated else f"{subject}>>{first}>>") + [rend]
-                return [query[len(gen)]]
-            if cend not in gen:  # the memory answers here
-                return [tok.eos_id]
-            result, after = tok.decode(gen[gen.index(rend) + 1:gen.index(cend)]), tok.decode(gen[gen.index(cend) + 1:])
-            if not stated and chain:  # the first read: state its result, then read again
-                if after == f" {result}":
-                    return [mr]
-                target = f" {result}"
-            else:
-                target = f" {result}."
-        return tok.encode(target[len(after)]) if len(after) < len(target) else [tok.eos_id]
-
-    return PolicyModel(policy, tok.vocab_size), tok
-
-
-def _memory():
-    from memllm_jax.memory import TripleMemory
-    from memllm_jax.memory.encoder import load_encoder
-
-    enc = load_encoder("hash:16")
-    mem = TripleMemory(enc)
-    mem.add([protocol.Triple("Ann", "employer", "Kerek Group"), protocol.Triple("Kerek Group", "city", "Oslo"),
-             protocol.Triple("Bo", "employer", "Vel Press"), protocol.Triple("Vel Press", "city", "Rome")],
-            source="gold")
-    return mem, TripleMemory(enc)
-
 
 QUESTIONS = [TwoHopQuestion("What is the city of the employer of Ann?", "Ann", "employer", "Kerek Group", "city",
                             "Oslo"),
@@ -74,8 +19,8 @@ def test_a_reader_that_chains_two_reads_answers_with_memory_only():
     from experiments.report_html import two_hop_chains
     from experiments.tables import two_hop_markdown
 
-    model, tok = _chain_reader()
-    memory, empty = _memory()
+    model, tok = chain_reader()
+    memory, empty = two_hop_memory()
     res = two_hop.evaluate_two_hop(model, tok, memory, empty, QUESTIONS, max_new_tokens=60, batch_size=2)
     assert (res.exact_with_memory, res.exact_without_memory, res.exact_gold_reads) == (1.0, 0.0, 1.0)
     assert (res.chained, res.first_read_hit, res.second_read_hit) == (1.0, 1.0, 1.0)
@@ -95,8 +40,8 @@ def test_a_reader_that_chains_two_reads_answers_with_memory_only():
 
 @pytest.mark.slow
 def test_a_reader_that_stops_after_one_read_answers_the_middle_entity():
-    model, tok = _chain_reader(chain=False)
-    memory, empty = _memory()
+    model, tok = chain_reader(chain=False)
+    memory, empty = two_hop_memory()
     res = two_hop.evaluate_two_hop(model, tok, memory, empty, QUESTIONS, max_new_tokens=60, batch_size=2)
     assert (res.exact_with_memory, res.chained, res.first_read_hit, res.second_read_hit) == (0.0, 0.0, 1.0, 0.0)
     assert [e["with_memory"] for e in res.examples] == ["Kerek Group", "Vel Press"]
@@ -123,8 +68,8 @@ def test_the_answer_is_the_text_after_the_last_read():
 def test_with_keep_reads_the_first_read_stays_in_the_context(batch_size):
     from experiments.tables import two_hop_markdown
 
-    model, tok = _chain_reader()
-    memory, empty = _memory()
+    model, tok = chain_reader()
+    memory, empty = two_hop_memory()
     res = two_hop.evaluate_two_hop(model, tok, memory, empty, QUESTIONS, max_new_tokens=60, batch_size=batch_size,
                                    keep_reads=True)
     assert (res.exact_with_memory, res.exact_without_memory, res.chained) == (1.0, 0.0, 1.0)

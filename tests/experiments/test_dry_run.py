@@ -93,3 +93,17 @@ def test_the_two_hop_stage_says_its_work():
     assert said["two_hop"] == "200 two-hop questions over the evaluation documents' facts, 3 conditions, " \
                               "<= 64 tokens each, reads kept"
     assert dict(dry_run.work(default.get_config(), {}))["two_hop"] == "none"
+
+
+def test_the_beyond_paper_config_says_its_phrase_edits_and_needs_a_heldout_world():
+    from experiments import dry_run
+    from experiments.configs import beyond_paper, default
+    from memllm_jax.errors import InputError
+    from memllm_jax.settings import check_tree, replace
+
+    cfg = beyond_paper.get_config()
+    said = dict(dry_run.work(cfg, {}))
+    assert said["editing"].endswith("; <= 200 phrase-relation edits each of held-out and seen relations, sequential")
+    assert "phrase" not in dict(dry_run.work(default.get_config(), {}))["editing"]
+    with pytest.raises(InputError, match="data.phrase_relations"):
+        check_tree(replace(cfg, {"data.heldout_world": False}))

@@ -221,7 +221,7 @@ def test_configs_load_and_sweeps():
     from memllm_jax.settings import check_tree, override
 
     for name in ("default", "default_tiny", "table2", "editing", "scaling", "redocred_cpu", "smollm2_redocred",
-                 "mistral7b", "two_hop"):
+                 "mistral7b", "two_hop", "beyond_paper"):
         mod = run.load_config_module(name)
         cfg = mod.get_config()
         assert isinstance(cfg, PipelineConfig)
