@@ -302,10 +302,21 @@ class ReadController:
     def _result(self, r: Row) -> GenerationResult:
         ids = r.ctx[r.prompt_len :]
         text = self.tok.decode(ids)
-        return GenerationResult(prompt_ids=r.ctx[: r.prompt_len], token_ids=ids, text=text,
-                                plain_text=protocol.strip_calls(text), calls=r.calls,
+        prompt = list(r.ctx[: r.prompt_len])
+        return GenerationResult(prompt_ids=prompt, token_ids=ids, text=text,
+                                plain_text=protocol.strip_calls(_open_call(self.tok, prompt) + text), calls=r.calls,
                                 finish_reason=r.finish or "budget", n_generated=r.n_generated,
                                 token_kinds="".join(r.kinds[r.prompt_len :]))
+
+
+def _open_call(tok, prompt_ids: list[int]) -> str:
+    """The text of a read call left open at the prompt's end (a forced read, `encode_prompt`), else "": its query
+    is generated after the prompt but is not answer text."""
+    opened = tok.marker_id[protocol.MEM_READ]
+    if opened not in prompt_ids:
+        return ""
+    start = len(prompt_ids) - 1 - prompt_ids[::-1].index(opened)
+    return "" if tok.marker_id[protocol.CALL_END] in prompt_ids[start:] else tok.decode(prompt_ids[start:])
 
 
 def encode_prompt(tokenizer, prompt: str | Sequence[int], *, force_read: bool = False,
