@@ -172,6 +172,10 @@ def test_tables_and_plot(tmp_path):
                                           "overwritten_later": 6}})
     assert "6 of 24 sequential edits are about a subject that a later edit gives another answer" in md3
     assert "(REL at most 0.75)" in md3 and "where the edit was lost" not in md3
+    md3 = table3_markdown({"sequential": {"n_edits": 24, "rel": 0.5, "gen": 0.25, "loc": 1.0, "avg": 0.5833}},
+                          "Phrases", beyond_paper="it writes only its 96 relation types")
+    assert md3.startswith("**Phrases** — knowledge editing; not in the paper: it writes only its 96 relation types.")
+    assert "(paper, Mistral-7B)" not in md3 and "| MemLLM (ours, sequential) | 24 | 0.50 |" in md3
     md3 = table3_markdown({"single": {"n_edits": 24, "rel": 0.5, "gen": 0.25, "loc": 1.0, "avg": 0.5833,
                                       "errors_rel": {"write": 7, "read": 3, "use": 2},
                                       "errors_gen": {"write": 8, "read": 5, "use": 5}}})
