@@ -58,9 +58,10 @@ class DataConfig:
     phrase_relations: bool = False
     """Synthetic corpus: facts of relations outside DocRED's labels, stated and written with a phrase of the
     sentence ("X's mentor was Y": `X>>mentor>>Y`; `data_gen.synth_world.PHRASE_RELATIONS`). The training world
-    states 22 of them, the held-out and edit worlds all 30: 8 are held out by relation. The memory stage then keeps a
-    written triple of any relation name (names still grounded), and the editing stage adds a block of phrase-relation
-    edits, seen and held-out (`table3_phrases*`). Not in the paper (its 96 relation types)."""
+    states 22 of them, the held-out and edit worlds all 30: 8 are held out by relation. The memory stage's grounding
+    then takes a relation that is not a label when the focus sentence names it (`corpus_writer.is_grounded`), and the
+    editing stage adds blocks of phrase-relation edits, held-out and seen (`table3_phrases_*`). Not in the paper (its
+    96 relation types)."""
     write: WriteRecipe = WriteRecipe(context_free=1)
     """How the memory-write examples are built."""
     read: ReadRecipe = ReadRecipe(context_free=1)

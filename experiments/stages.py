@@ -231,9 +231,17 @@ def _write_budget(self, min_confidence: float | None) -> dict:
     """`write_corpus`'s settings for the config: its decoding, batching and checks (grounded triples name one of
     the corpus's relation labels)."""
     w = self.cfg.write
-    known = w.grounded and not self.cfg.data.phrase_relations  # phrase relations: any relation name is kept
     return dict(decoding=_write_decoding(self), batch_size=w.batch, refill=w.refill, grounded=w.grounded,
-                relations=set(_labels(self).values()) if known else None, min_confidence=min_confidence)
+                relations=_grounding_labels(self) if w.grounded else None, min_confidence=min_confidence,
+                relation_phrases=self.cfg.data.phrase_relations)
+
+
+def _grounding_labels(self) -> set[str]:
+    """The relation names a grounded triple may have: the corpus's labels; with `data.phrase_relations` not the
+    phrases, which are grounded by the focus sentence's words instead (`corpus_writer.is_grounded`)."""
+    from data_gen.synth_world import PHRASE_RELATIONS
+
+    return set(_labels(self).values()) - (set(PHRASE_RELATIONS) if self.cfg.data.phrase_relations else set())
 
 
 def _edit_checks(self) -> dict:

@@ -107,11 +107,13 @@ def _occurs(name: str, text: str) -> bool:
     return bool(name) and re.search(rf"(?<!\w){re.escape(name)}(?!\w)", text) is not None
 
 
-def is_grounded(triple: protocol.Triple, context: str, sentence: str, relations: Collection[str] | None) -> bool:
+def is_grounded(triple: protocol.Triple, context: str, sentence: str, relations: Collection[str] | None,
+                relation_phrases: bool = False) -> bool:
     """A model-written triple is grounded when both its names occur (as whole words) in the text it was written
     from (`context`: the document up to and including the focus sentence), at least one of them in the focus
     `sentence`, its two names differ, and its relation is a known relation type (when `relations` is given,
-    normalised). Case and whitespace are ignored. A name related to itself (`Openfire>>developer>>Openfire`, as an
+    normalised; with `relation_phrases` also a relation named by words of the focus sentence, "X's mentor was Y"
+    written `X>>mentor>>Y`). Case and whitespace are ignored. A name related to itself (`Openfire>>developer>>Openfire`, as an
     undertrained writer emits for a sentence it cannot parse) almost never states a fact: 12 of Re-DocRED's 17,361
     test triples have one name on both sides, two entities named alike (`Swedish>>official language>>Swedish`)."""
     context, sentence = _normalized(context), _normalized(sentence)
@@ -120,7 +122,8 @@ def is_grounded(triple: protocol.Triple, context: str, sentence: str, relations:
         return False
     if not (_occurs(subject, context) and _occurs(obj, context) and (_occurs(subject, sentence) or _occurs(obj, sentence))):
         return False
-    return relations is None or _normalized(triple.relation) in relations
+    relation = _normalized(triple.relation)
+    return relations is None or relation in relations or (relation_phrases and _occurs(relation, sentence))
 
 
 @dataclasses.dataclass
@@ -135,16 +138,18 @@ class CheckedWrite:
 
 
 def check_written(items: list[protocol.Triple], out: dict, tokenizer, text: tuple[str, str] | None,
-                  relations: Collection[str] | None, min_confidence: float | None) -> CheckedWrite:
+                  relations: Collection[str] | None, min_confidence: float | None,
+                  relation_phrases: bool = False) -> CheckedWrite:
     """The triples parsed from one `decode_writes` result `out`, checked: with `text` (context, focus sentence)
-    only grounded triples are kept (`is_grounded`, against the relation names `relations` if given), with
+    only grounded triples are kept (`is_grounded`, against the relation names `relations` if given and, with
+    `relation_phrases`, the focus sentence's words), with
     `min_confidence` only those the model wrote with at least that confidence (`item_confidences`)."""
     ungrounded: list[protocol.Triple] = []
     unconfident: list[protocol.Triple] = []
     confidences: list[tuple[protocol.Triple, float]] = []
     if text is not None:
         known = None if relations is None else {_normalized(r) for r in relations}
-        kept = [t for t in items if is_grounded(t, *text, known)]
+        kept = [t for t in items if is_grounded(t, *text, known, relation_phrases)]
         ungrounded, items = [t for t in items if t not in kept], kept
     if min_confidence is not None and items:
         conf = item_confidences(tokenizer, out["ids"], out["logps"])
@@ -183,6 +188,7 @@ class _Book:
     relations: Collection[str] | None
     min_confidence: float | None
     on_batch: Any
+    relation_phrases: bool = False
     stats: WriteStats = dataclasses.field(default_factory=WriteStats)
     remaining: dict[str, int] = dataclasses.field(default_factory=dict)
 
@@ -208,7 +214,7 @@ class _Book:
         stats.repeats += out["stop"] == "repeat"
         stats.malformed += sum(not e.startswith(protocol.TRUNCATION_NOTES) for e in parsed.errors)
         checked = check_written(list(parsed.items), out, self.tokenizer, sentence.text if self.grounded else None,
-                                self.relations, self.min_confidence)
+                                self.relations, self.min_confidence, self.relation_phrases)
         stats.ungrounded += checked.ungrounded
         stats.unconfident += checked.unconfident
         stats.scored += [(sentence.source, t, c) for t, c in checked.confidences]
@@ -228,7 +234,7 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], decoding: W
                  batch_size: int = 16, pretext_sentences: int = 10, max_prompt_tokens: int = 384, make_cache=None,
                  on_batch=None, share_prefixes: bool = True, grounded: bool = False,
                  relations: Collection[str] | None = None, min_confidence: float | None = None,
-                 refill: bool = False) -> WriteStats:
+                 refill: bool = False, relation_phrases: bool = False) -> WriteStats:
     """Extract triples from every sentence of `documents` and add them to `memory`, sentence by sentence in
     corpus order, each call decoded as `decoding` says (`writer.WriteDecoding`, built from a user's settings by
     `writer.write_decoding`).
@@ -242,12 +248,13 @@ def write_corpus(model, tokenizer, memory, documents: Iterable[Any], decoding: W
     runs after every exit of its loop. A document with no sentence is reported as soon as it is read.
 
     `grounded`: keep only the triples that pass `is_grounded` (names copied from the text, a known relation
-    among `relations` if given); the others are counted in `WriteStats.ungrounded`, not written.
+    among `relations` if given, or with `relation_phrases` a phrase of the focus sentence); the others are counted
+    in `WriteStats.ungrounded`, not written.
     `min_confidence`: keep only the triples whose weakest token the model chose with at least this
     log-probability (`item_confidences`); the others are counted in `WriteStats.unconfident`.
     Calls stopped out of item bans (`decoding.bans`) are counted in `WriteStats.repeats`.
     """
-    book = _Book(memory, tokenizer, grounded, relations, min_confidence, on_batch)
+    book = _Book(memory, tokenizer, grounded, relations, min_confidence, on_batch, relation_phrases)
     decode = dict(make_cache=make_cache, share_prefixes=share_prefixes, split=split_model(model))
     documents = _corpus_prompts(documents, tokenizer, pretext_sentences, max_prompt_tokens)
     (_write_refilled if refill else _write_batched)(model, tokenizer, book, documents, batch_size, decoding, decode)

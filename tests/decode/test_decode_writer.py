@@ -153,6 +153,11 @@ def test_is_grounded_needs_copied_names_and_a_known_relation():
     assert is_grounded(t("Ada Lovelace", "married to", "William King"), context, sentence, None)
     assert not is_grounded(t("Ada", "spouse", "Will"), context, sentence, None)  # whole words only
     assert not is_grounded(t("William King", "spouse", "william  king"), context, sentence, None)  # itself
+    mentor = "Ada Lovelace's mentor was  William King."  # a relation outside the labels, named by the sentence
+    assert is_grounded(t("Ada Lovelace", "Mentor", "William King"), context + mentor, mentor, {"spouse"}, True)
+    assert not is_grounded(t("Ada Lovelace", "mentor", "William King"), context + mentor, mentor, {"spouse"})
+    assert not is_grounded(t("Ada Lovelace", "teacher", "William King"), context + mentor, mentor, {"spouse"}, True)
+    assert not is_grounded(t("Ada Lovelace", "ment", "William King"), context + mentor, mentor, {"spouse"}, True)
 
 
 def test_grounded_write_corpus_drops_names_not_in_the_text():
