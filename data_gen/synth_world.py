@@ -56,7 +56,7 @@ HELDOUT_PHRASES: frozenset[str] = frozenset({"biographer", "first teacher", "fav
 others)."""
 
 TRAIN_PHRASES: tuple[str, ...] = tuple(p for p in PHRASE_RELATIONS if p not in HELDOUT_PHRASES)
-PHRASE_SHARE = 0.25
+PHRASE_SHARE = 0.5
 """Chance that an entity of a phrase relation's subject pool has a fact of it."""
 
 
