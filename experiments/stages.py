@@ -534,13 +534,15 @@ def _edit_world(self):
 
 def _synthetic_edit_records(self, absent: list | None = None, docs: list | None = None) -> list:
     """The Table 3 analogue's edits, at most one per subject and kind of answer. With a held-out world they are
-    drawn from the edit world's documents `docs` (`_edit_world`); otherwise from the evaluation and outside
+    drawn from the edit world's documents (`docs`, or `_edit_world`'s); otherwise from the evaluation and outside
     documents' facts. `absent`: extended by `editing.absent_questions` questions about the same documents' facts
     that no edit touches (`data_gen.edits.absent_questions`)."""
     from data_gen.edits import absent_questions, synthetic_edits
     from data_gen.gold_memory import gold_triples
 
-    if docs is None:
+    if docs is None and self.cfg.data.corpus == "synthetic" and self.cfg.data.heldout_world:
+        docs = _edit_world(self)[1]
+    elif docs is None:
         docs = [d for split in ("eval", "outside")[: 2 if self.cfg.data.outside_docs else 1]
                 for d in _documents(self, split)]
     kinds = {e.name: e.type for d in docs for e in d.entities}
