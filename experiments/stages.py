@@ -513,6 +513,11 @@ def stage_table2(self):
     return {"rows": list(results)}
 
 
+def _uses_edit_world(self) -> bool:
+    """The Table 3 analogue edits a third world's facts: the synthetic corpus with its held-out world."""
+    return self.cfg.data.corpus == "synthetic" and self.cfg.data.heldout_world
+
+
 def _edit_world(self):
     """The Table 3 analogue's edit world (`data_gen.synthetic.edit_world`: no name of the corpus, 2 documents per
     edit) and its documents."""
@@ -540,7 +545,7 @@ def _synthetic_edit_records(self, absent: list | None = None, docs: list | None 
     from data_gen.edits import absent_questions, synthetic_edits
     from data_gen.gold_memory import gold_triples
 
-    if docs is None and self.cfg.data.corpus == "synthetic" and self.cfg.data.heldout_world:
+    if docs is None and _uses_edit_world(self):
         docs = _edit_world(self)[1]
     elif docs is None:
         docs = [d for split in ("eval", "outside")[: 2 if self.cfg.data.outside_docs else 1]
@@ -578,8 +583,7 @@ def stage_editing(self):
     absent: list = []
     phrase_records: dict[str, list] = {}
     if cfg.records == "synthetic":
-        world, docs = (_edit_world(self) if self.cfg.data.corpus == "synthetic" and self.cfg.data.heldout_world
-                       else (None, None))
+        world, docs = _edit_world(self) if _uses_edit_world(self) else (None, None)
         records, shots, style = _synthetic_edit_records(self, absent, docs), (), "cloze"
         if self.cfg.data.phrase_relations:
             phrase_records = _phrase_edit_records(self, world)
