@@ -25,8 +25,8 @@ from data_gen.read_examples import (absent_question_records, context_free_record
                                    read_records, scan_read_points)
 from data_gen.stats import Stats
 from data_gen.two_hop import two_hop_records
-from data_gen.write_examples import (context_free_items, iter_write_items, question_form_items, write_coverage,
-                                     write_record)
+from data_gen.write_examples import (context_free_items, iter_write_items, lone_phrase_items, question_form_items,
+                                     write_coverage, write_record)
 from memllm_jax import protocol as P
 
 
@@ -80,7 +80,9 @@ def build_document(doc: Document, kinds: set[str], query_fn, stats: Stats, write
             rec = write_record(doc, item)
             stats.add_write(rec)
             yield "write", rec
-        for item in context_free_items(doc, write.context_free, seed, write.evidence):
+        lone = context_free_items(doc, write.context_free, seed, write.evidence)
+        lone += lone_phrase_items(doc, write.lone_phrases, seed, write.evidence, skip=[i.sent_id for i in lone])
+        for item in lone:
             rec = {**write_record(doc, item), "context_free": True}
             stats.add_write(rec)
             yield "write", rec

@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--counterfactual", type=int, default=0, help="also build N counterfactual variants (§4.1) of the write and read examples")
     b.add_argument("--context-free", type=int, default=0,
                    help="also N write examples per document of one later sentence without its pretext")
+    b.add_argument("--lone-phrases", type=int, default=0,
+                   help="also up to N write examples per document of a sentence stating a phrase-relation fact, "
+                        "without its pretext")
     b.add_argument("--write-evidence", action="store_true",
                    help="a write example's targets are only the triples its sentence is evidence for (annotated, or "
                         "naming both entities when a relation has no annotation), as the paper builds them")
@@ -118,11 +121,12 @@ def labels_for(spec: str | None, input_path: str) -> dict[str, str]:
 def _corpus_labels(input_path: str) -> dict[str, str]:
     """The bundled synthetic label table, when it names every relation id the corpus uses."""
     from data_gen.io import iter_json_array
+    from data_gen.synth_world import is_phrase_id
     from data_gen.synthetic import synthetic_rel_info
 
     used = {lab["r"] for doc in iter_json_array(input_path) if isinstance(doc, dict) and isinstance(doc.get("labels"), list)
             for lab in doc["labels"] if isinstance(lab, dict) and isinstance(lab.get("r"), str)}
-    known = synthetic_rel_info(phrases=any(r.startswith("phrase:") for r in used))
+    known = synthetic_rel_info(phrases=any(is_phrase_id(r) for r in used))
     unknown = sorted(used - known.keys())
     if unknown:
         shown = ", ".join(unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
@@ -209,7 +213,8 @@ def _build(args) -> int:
     if bad:
         raise SystemExit(f"--kinds: unknown kind(s) {sorted(bad)}")
     write = WriteRecipe(pretext_sentences=args.pretext_sentences, context_free=args.context_free,
-                        question_form=args.question_form, evidence=args.write_evidence, counterfactual=args.counterfactual)
+                        lone_phrases=args.lone_phrases, question_form=args.question_form, evidence=args.write_evidence,
+                        counterfactual=args.counterfactual)
     read = ReadRecipe(q_thr=args.q_thr, max_queries=args.max_queries, filter_ambiguous=not args.no_ambiguous_filter,
                       context_free=args.read_context_free, question_form=args.read_question_form,
                       absent_questions=args.read_absent_questions, absent_form=args.read_absent_form,

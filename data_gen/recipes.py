@@ -18,6 +18,10 @@ class WriteRecipe:
     """Extra examples per document: one later sentence with its pretext dropped (`write_examples.
     context_free_items`). Without them the only lone sentences the model sees are documents' first sentences, and it
     writes a biography's opening facts for any lone sentence about a person."""
+    lone_phrases: int = 0
+    """Extra examples per document: up to this many sentences stating a phrase-relation fact, each with its pretext
+    dropped (`write_examples.lone_phrase_items`). Without them the model writes a lone "Y was X's mentor." (an edit)
+    in the order of the names, `Y>>mentor>>X`."""
     question_form: int = 0
     """Extra examples per document: one of its triples asked as a question with the answer after
     `protocol.WRITE_BRIDGE` (`write_examples.question_form_items`), the form of Table 3's edits. Not in the
@@ -32,7 +36,8 @@ class WriteRecipe:
     must copy names from the text rather than recall them."""
 
     BOUNDS: ClassVar[dict] = {"pretext_sentences": "nonnegative", "context_free": "nonnegative",
-                              "question_form": "nonnegative", "counterfactual": "nonnegative"}
+                              "lone_phrases": "nonnegative", "question_form": "nonnegative",
+                              "counterfactual": "nonnegative"}
 
 
 @dataclasses.dataclass(frozen=True)

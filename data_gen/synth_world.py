@@ -65,6 +65,11 @@ def phrase_id(phrase: str) -> str:
     return "phrase:" + phrase.replace(" ", "_")
 
 
+def is_phrase_id(relation_id: str) -> bool:
+    """Whether a relation id (`phrase_id`) names a phrase relation."""
+    return relation_id.startswith("phrase:")
+
+
 _ONSETS = "b br d dr f g gr k kl l m n p pr r s st t tr v z th sh".split()
 _VOWELS = "a e i o u ai ei ou ae".split()
 _CODAS = ["", "", "", "n", "r", "l", "s", "th", "m", "k"]

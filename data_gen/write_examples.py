@@ -25,6 +25,11 @@ citizenship; a model trained so writes those facts for any lone sentence that st
 (an edit such as "X studied at the University of Y." got date of birth / date of death / citizenship triples
 with made-up dates), instead of the fact the sentence states.
 
+Lone phrase-relation examples (`lone_phrase_items`, optional): the sentences that state a fact of a relation
+outside the label set ("Y was X's mentor."), each with its pretext dropped. In a document such a sentence is about
+its focus, named before it; a model trained only so writes a lone "Y was X's mentor." (a Table 3 edit) in the order
+of the names, `Y>>mentor>>X`, or takes "The mentor of X" for the subject.
+
 Question-form examples (`question_form_items`, optional): one triple of the document asked as a question and
 answered in the form of Table 3's edits (paper §4.3: "What city was X born? It is or they are Naples"), e.g.
 "Which country is Naples in? It is or they are Italy" -> `Naples>>country>>Italy`. Built from the training
@@ -41,6 +46,7 @@ from typing import Iterable, Iterator
 
 from data_gen.docred import Document, Mention
 from data_gen.relation_questions import ask
+from data_gen.synth_world import is_phrase_id
 from memllm_jax import protocol as P
 
 DEFAULT_PRETEXT_SENTENCES = 10
@@ -123,6 +129,20 @@ def context_free_items(doc: Document, n: int, seed: int = 0, evidence: bool = Fa
     lone = [item for item in iter_write_items(doc, pretext_sentences=0, evidence=evidence)
             if item.sent_id > 0 and item.triples]
     rng = random.Random(f"{seed}:{doc.doc_id}")
+    return sorted(rng.sample(lone, min(n, len(lone))), key=lambda item: item.sent_id)
+
+
+def lone_phrase_items(doc: Document, n: int, seed: int = 0, evidence: bool = False,
+                      skip: Iterable[int] = ()) -> list[WriteItem]:
+    """Up to `n` sentences after the first that state a phrase-relation fact (`synth_world.is_phrase_id`), drawn
+    as `context_free_items` draws (sentences in `skip` left out), each as an example with no pretext."""
+    if n <= 0:
+        return []
+    skip = set(skip)
+    lone = [item for item in iter_write_items(doc, pretext_sentences=0, evidence=evidence)
+            if item.sent_id > 0 and item.sent_id not in skip
+            and any(is_phrase_id(doc.relations[r].pid) for r in item.relation_ids)]
+    rng = random.Random(f"phrases:{seed}:{doc.doc_id}")
     return sorted(rng.sample(lone, min(n, len(lone))), key=lambda item: item.sent_id)
 
 

@@ -110,3 +110,31 @@ def test_data_synth_phrases_writes_their_labels_and_build_reads_them(tmp_path, c
     (corpus.parent / "rel_info.json").unlink()  # build finds the phrase labels in the bundled table
     assert main(["data", "build", "--input", str(corpus), "--out", str(tmp_path / "b"), "--kinds", "write"]) == 0
     assert any(f">>{p}>>" in (tmp_path / "b" / "write.jsonl").read_text() for p in PHRASE_RELATIONS)
+
+
+def test_lone_phrase_examples_write_the_subject_first_whatever_the_order_of_the_names(tmp_path):
+    from data_gen.build import build_all
+    from data_gen.recipes import ReadRecipe, WriteRecipe
+
+    train, _ = heldout_split(200, 40, seed=2, phrases=True)
+    corpus = tmp_path / "docs.json"
+    corpus.write_text(json.dumps(train))
+    counts = {}
+    for n in (0, 3):
+        out = tmp_path / f"out{n}"
+        build_all(str(corpus), str(out), synthetic_rel_info(phrases=True), kinds={"write"},
+                  write=WriteRecipe(context_free=1, lone_phrases=n), read=ReadRecipe())
+        lone = [json.loads(line) for line in (out / "write.jsonl").open() if '"context_free": true' in line]
+        counts[n] = lone
+    added = [r for r in counts[3] if r not in counts[0]]
+    assert len(added) > 20 and len(counts[3]) == len(counts[0]) + len(added)
+    reversed_form = 0
+    for r in added:
+        sentence = r["segments"][0]["text"]
+        assert sentence.startswith("({USER_ST})")  # no pretext
+        phrase_facts = [t for t in r["triples"] if t[1] in PHRASE_RELATIONS]
+        assert phrase_facts
+        subject, phrase, obj = phrase_facts[0]
+        assert f"{subject}>>{phrase}>>{obj}" in r["segments"][1]["text"]
+        reversed_form += sentence.index(obj) < sentence.index(subject)  # "Y was X's mentor."
+    assert reversed_form > 5
