@@ -210,13 +210,13 @@ def generate_document(world: World, index: int, style: str = "docred") -> dict:
         for t in rng.sample(TEMPLATES[kind], len(TEMPLATES[kind])):
             if b.sentence(t, rng, False):
                 break
-    templates = TEMPLATES[kind] + (_phrase_templates(world, focus, rng) if world.phrases else [])
-    templates = rng.sample(templates, len(templates))
+    phrased = _phrase_templates(world, focus, rng) if world.phrases else []
+    templates = rng.sample(TEMPLATES[kind] + phrased, len(TEMPLATES[kind]) + len(phrased))
     want = rng.randint(3, 7)
     for t in templates:
         if len(b.sents) > want:
             break
-        b.sentence(t, rng, True)
+        b.sentence(t, rng, t not in phrased)  # a phrase relation's subject is named: the sentence alone states it
         if rng.random() < .12:
             b.sentence(rng.choice(FILLERS), rng, True)
         if rng.random() < .3:
