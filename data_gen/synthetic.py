@@ -305,12 +305,6 @@ def edit_world(n_docs: int, seed: int = 0, exclude_names: Iterable[str] = (), ph
                  phrases=tuple(PHRASE_RELATIONS) if phrases else ())
 
 
-def edit_world_documents(n_docs: int, seed: int = 0, exclude_names: Iterable[str] = (),
-                         style: str = "docred", phrases: bool = False) -> list[dict]:
-    """`n_docs` documents of `edit_world`."""
-    return list(iter_synthetic(n_docs, style=style, world=edit_world(n_docs, seed, exclude_names, phrases)))
-
-
 def phrase_triples(world: World, phrases: Iterable[str]) -> list[Triple]:
     """The facts of `world` whose relation is one of `phrases` (`synth_world.PHRASE_RELATIONS`), as named triples."""
     pids = {phrase_id(p): p for p in phrases}

@@ -7,7 +7,7 @@ from flax import nnx
 from data_gen.docred import documents_from_raw
 from data_gen.gold_memory import gold_triples
 from data_gen.overlap import heldout_overlap
-from data_gen.synthetic import edit_world_documents, heldout_split, iter_synthetic, synthetic_rel_info
+from data_gen.synthetic import edit_world, heldout_split, iter_synthetic, synthetic_rel_info
 from memllm_jax import protocol as P
 from memllm_jax.eval.diagnostics import MARKUP, NAME, RELATION, call_char_labels, field_losses, names_in_text
 from memllm_jax.eval.perplexity import check_queries
@@ -36,7 +36,7 @@ def test_edit_world_shares_no_name_with_the_corpus():
     train_raw, held_raw = heldout_split(200, 30, seed=7)
     corpus = list(documents_from_raw(train_raw + held_raw, labels))
     names = {m.text for d in corpus for e in d.entities for m in e.full_mentions}
-    edit_docs = list(documents_from_raw(edit_world_documents(60, seed=7, exclude_names=names), labels))
+    edit_docs = list(documents_from_raw(iter_synthetic(60, world=edit_world(60, seed=7, exclude_names=names)), labels))
     edit_names = {e.name for d in edit_docs for e in d.entities if not e.name[:1].isdigit()}
     assert len(edit_names) > 50 and not (edit_names & names)
     assert heldout_overlap(corpus, edit_docs, [])["triples_in_train"] == 0.0
