@@ -121,29 +121,31 @@ def iter_write_items(doc: Document, pretext_sentences: int | None = DEFAULT_PRET
                         tuple(c[2] for c in candidates), tuple(c[1] for c in candidates), tuple(merged))
 
 
-def context_free_items(doc: Document, n: int, seed: int = 0, evidence: bool = False) -> list[WriteItem]:
-    """Up to `n` sentences after the first, drawn at random (seeded by `seed` and the document id) among those
-    that state a triple between two entities they name, each as an example with no pretext."""
+def _draw_lone(doc: Document, n: int, key: str, evidence: bool, keep=lambda item: True) -> list[WriteItem]:
+    """Up to `n` sentences after the first that state a triple between two entities they name and pass `keep`,
+    drawn at random (seeded by `key`), each as an example with no pretext, in document order."""
     if n <= 0:
         return []
     lone = [item for item in iter_write_items(doc, pretext_sentences=0, evidence=evidence)
-            if item.sent_id > 0 and item.triples]
-    rng = random.Random(f"{seed}:{doc.doc_id}")
+            if item.sent_id > 0 and item.triples and keep(item)]
+    rng = random.Random(key)
     return sorted(rng.sample(lone, min(n, len(lone))), key=lambda item: item.sent_id)
+
+
+def context_free_items(doc: Document, n: int, seed: int = 0, evidence: bool = False) -> list[WriteItem]:
+    """Up to `n` sentences after the first, drawn at random (seeded by `seed` and the document id) among those
+    that state a triple between two entities they name, each as an example with no pretext."""
+    return _draw_lone(doc, n, f"{seed}:{doc.doc_id}", evidence)
 
 
 def lone_phrase_items(doc: Document, n: int, seed: int = 0, evidence: bool = False,
                       skip: Iterable[int] = ()) -> list[WriteItem]:
-    """Up to `n` sentences after the first that state a phrase-relation fact (`synth_world.is_phrase_id`), drawn
-    as `context_free_items` draws (sentences in `skip` left out), each as an example with no pretext."""
-    if n <= 0:
-        return []
+    """As `context_free_items`, among the sentences that state a phrase-relation fact (`synth_world.is_phrase_id`)
+    and are not in `skip`."""
     skip = set(skip)
-    lone = [item for item in iter_write_items(doc, pretext_sentences=0, evidence=evidence)
-            if item.sent_id > 0 and item.sent_id not in skip
-            and any(is_phrase_id(doc.relations[r].pid) for r in item.relation_ids)]
-    rng = random.Random(f"phrases:{seed}:{doc.doc_id}")
-    return sorted(rng.sample(lone, min(n, len(lone))), key=lambda item: item.sent_id)
+    return _draw_lone(doc, n, f"phrases:{seed}:{doc.doc_id}", evidence,
+                      lambda item: item.sent_id not in skip
+                      and any(is_phrase_id(doc.relations[r].pid) for r in item.relation_ids))
 
 
 @dataclasses.dataclass(frozen=True)
