@@ -27,3 +27,9 @@ def shared_data() -> pathlib.Path:
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is absent")
     return SHARED_DATA
+
+
+def pytest_collection_modifyitems(config, items):
+    """The modules one worker runs whole (`xdist_group`) first: they are the suite's longest units, and
+    `--dist loadgroup` hands units out in collection order, so none is left running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)

@@ -23,6 +23,9 @@ from memllm_jax.model.hf import load_hf
 from memllm_jax.model.decoder import Decoder
 from memllm_jax.tokenizer import load_tokenizer
 
+# One worker runs the module (`--dist loadgroup`): the file is converted and both models loaded once.
+pytestmark = pytest.mark.xdist_group("model_gguf")
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 TEXT = (

@@ -25,6 +25,9 @@ RECORDER = TESTS / "cli_recorder.py"
 TIMEOUT_S = 300
 STEPS = 4
 
+# One worker runs the module (`--dist loadgroup`): its two-process runs are made once, not once per worker.
+pytestmark = pytest.mark.xdist_group("distributed_cli")
+
 CONFIG = '''
 from memllm_jax.config import TINY, MeshConfig
 from memllm_jax.train.config import TrainConfig

@@ -21,6 +21,9 @@ from memllm_jax.train.checkpoint import Checkpointer
 from memllm_jax.train.config import TrainConfig
 from tests.support.train_fixtures import lm_records, make_tokenizer, write_jsonl, write_records
 
+# One worker runs the module (`--dist loadgroup`): its pretrained model is trained once, not once per worker.
+pytestmark = pytest.mark.xdist_group("train_loop")
+
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
