@@ -1,6 +1,8 @@
 """The read loop on the real decoder: cached greedy decoding equals the argmax of full forwards token for
 token across pauses, prefilled answers and removed calls; a removed call leaves the cache and next-token
-logits of a context in which it never happened."""
+logits of a context in which it never happened; a scanned model's read loop generates the unrolled one's tokens."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -126,3 +128,16 @@ def test_long_prefill_in_pieces_equals_one_full_forward():
     assert cache.lengths_B.tolist() == [len(ids), 5]
     np.testing.assert_allclose(np.asarray(logits[0]), full_logits(ids)[-1], atol=1e-4)
     np.testing.assert_allclose(np.asarray(logits[1]), full_logits(ids[:5])[-1], atol=1e-5)
+
+
+@pytest.mark.slow
+def test_read_loop_of_a_scanned_model_generates_the_unrolled_tokens():
+    unrolled, scanned = Biased(), Biased()
+    scanned.cfg = dataclasses.replace(unrolled.cfg, scan_layers=True)
+    scanned.inner = Decoder(scanned.cfg, rngs=nnx.Rngs(0))
+    out = []
+    for model in (unrolled, scanned):
+        ctrl = ReadController(model, TOK, FakeMemory({("x", "r", None): ["P"]}), max_len=128, chunk=4)
+        out.append([(r.token_ids, [c.reason for c in r.calls])
+                    for r in ctrl.run([encode_prompt(TOK, p) for p in PROMPTS], 24, model.make_cache)])
+    assert out[0] == out[1] and any(calls for _, calls in out[0])
