@@ -162,6 +162,7 @@ def test_a_pipeline_run_writes_a_row_per_stage(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("tiny_run")  # a unit of its own, so scheduled first (tests/conftest.py): the longest test
 def test_a_tiny_run_writes_a_roofline_row_per_stage(tmp_path, monkeypatch):
     """The whole tiny pipeline (few steps): a row per stage, work where the stage counts it, the report's table."""
     from experiments.configs import default_tiny

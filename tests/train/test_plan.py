@@ -22,6 +22,7 @@ def _layer_params(cfg) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("scan_temp")  # a unit of its own, so scheduled first (tests/conftest.py): among the longest
 def test_scan_temp_does_not_grow_with_depth_like_unrolled():
     mesh = make_mesh(MeshConfig(1, 8, 1))
     growth = {}
