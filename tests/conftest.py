@@ -30,6 +30,6 @@ def shared_data() -> pathlib.Path:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The modules one worker runs whole (`xdist_group`) first: they are the suite's longest units, and
-    `--dist loadgroup` hands units out in collection order, so none is left running alone at the end."""
+    """The units one worker runs whole (`xdist_group`: modules with costly fixtures, the longest single tests) first:
+    `--dist loadgroup` hands units out in collection order, so none of them is left running alone at the end."""
     items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
