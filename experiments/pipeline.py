@@ -176,8 +176,10 @@ class Pipeline:
         return self._cache["enc"]
 
     def model(self, which: str):
-        """"base", "mw" or "mr": the trained model, loaded once."""
+        """"base", "mw" or "mr": the trained model, loaded once, its layers scanned (`stack_layers`: the evaluations
+        compile one block per shape, whatever layout it was trained in)."""
         if which not in self._cache:
+            from memllm_jax.model.decoder import Decoder, set_matmul_dtype, stack_layers
             from memllm_jax.model.load import load
 
             path = self.out / "train" / which
@@ -187,9 +189,9 @@ class Pipeline:
                 path = self.out / "train" / "pretrain"
             model, _ = load(path, tokenizer=self.tokenizer())  # an HF base gets rows for the API markers
             if self.cfg.matmul_dtype is not None:  # the base too, so that every row multiplies alike
-                from memllm_jax.model.decoder import set_matmul_dtype
-
                 set_matmul_dtype(model, self.cfg.matmul_dtype)
+            if isinstance(model, Decoder):
+                stack_layers(model)
             self._cache[which] = self._fit_context(model, which)
         return self._cache[which]
 

@@ -11,6 +11,7 @@ import shutil
 
 from experiments.pipeline_config import stage_key
 from data_gen.recipes import ReadRecipe, WriteRecipe
+from memllm_jax import protocol
 from memllm_jax.errors import InputError, load_json
 from memllm_jax.files import atomic_write_json, atomic_write_text
 
@@ -479,6 +480,7 @@ def stage_table2(self):
     from experiments.tables import plot_table2, table2_markdown
     from memllm_jax.eval.perplexity import evaluate_perplexity
     from memllm_jax.eval.rows import get_rows
+    from memllm_jax.eval.scoring import Scorer
 
     cfg = self.cfg.table2
     if not cfg.rows:
@@ -488,17 +490,21 @@ def stage_table2(self):
     path = self.out / "results" / "table2.json"
     docs, tok = self.eval_docs(), self.tokenizer()
     results = {k: v for k, v in (json.loads(path.read_text()) if path.exists() else {}).items() if k not in cfg.rows}
+    scorers = {}
     for row in get_rows(cfg.rows):
         if row.memory.startswith("mw_outside") and not self.cfg.data.outside_docs:
             self.say(f"  {row.name}: skipped (outside_docs = 0)")
             continue
         memory = None if row.memory == "none" else self.memory(row.memory)
-        model = self.model("base" if row.model == "base" else "mr")
+        which = "base" if row.model == "base" else "mr"
+        model = self.model(which)
+        if which not in scorers:  # one per model: each shape compiled and the plain forward run once
+            scorers[which] = Scorer(model, tok.marker_id[protocol.MEM_READ], batch_size=cfg.batch, pad_id=tok.pad_id)
         setting = row.read
         if setting.positions == "model" and cfg.read_threshold is not None:
             setting = dataclasses.replace(setting, read_threshold=cfg.read_threshold)
         res = evaluate_perplexity(model, tok, docs, memory, setting, batch_size=cfg.batch, progress=self.say,
-                                  trace_docs=TRACE_DOCS)
+                                  trace_docs=TRACE_DOCS, scorer=scorers[which])
         self.work.model_work(model.cfg, res.work, cfg.batch)
         results[row.key] = {"name": row.name, "description": row.description, **res.to_json()}
         _save_json(self.out / "results" / "traces" / f"{row.key}.json", res.traces)  # for index.html

@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 from memllm_jax import protocol
 from memllm_jax.eval.perplexity import ReadSetting, evaluate_perplexity
 from memllm_jax.eval.records import EncodedDoc
-from memllm_jax.eval.scoring import ModelWork
+from memllm_jax.eval.scoring import ModelWork, Scorer
 
 
 @dataclasses.dataclass
@@ -58,12 +58,13 @@ def perplexity_vs_memory_size(model: Any, tok: Any, docs: Sequence[EncodedDoc], 
 
     mem = TripleMemory(encoder, memory_config)
     mem.add(list(base_triples), source="eval")
+    scorer = Scorer(model, tok.marker_id[protocol.MEM_READ], batch_size=batch_size, pad_id=tok.pad_id)
     points, added = [], 0
     for k in sorted(set(min(int(s), len(distractors)) for s in sizes)):
         if k > added:
             mem.add(list(distractors[added:k]), source="distractor")
             added = k
-        res = evaluate_perplexity(model, tok, docs, mem, setting, batch_size=batch_size)
+        res = evaluate_perplexity(model, tok, docs, mem, setting, batch_size=batch_size, scorer=scorer)
         if work is not None:
             work += res.work
         st = mem.stats()

@@ -239,3 +239,26 @@ def test_scorer_and_generator_count_the_real_tokens_they_run():
     # prefill: 1 token after 2 kept (3 keys), none after 5; then 4 fed tokens per row at positions 3.. / 5..
     assert gen.work.positions == 1 + 8 and gen.work.logits == 1 + 8
     assert gen.work.attention_pairs == 3 + (4 + 5 + 6 + 7) + (6 + 7 + 8 + 9)
+
+
+def test_a_shared_scorer_runs_the_plain_forward_once_and_scores_alike():
+    """Rows sharing one Scorer (Table 2's, the scaling points'): the kept plain forward of the same documents is
+    returned again, not recomputed or counted, and every row's figures equal those of a Scorer of its own."""
+    from memllm_jax.eval.scoring import Scorer
+
+    tok = CharTokenizer()
+    model = Decoder(CFG, rngs=nnx.Rngs(6))
+    docs = [encode_document(tok, d) for d in _docs()]
+    scorer = Scorer(model, tok.marker_id[protocol.MEM_READ], batch_size=2, pad_id=tok.pad_id)
+    seqs = [[tok.bos_id] + e.ids for e in docs]
+    first = scorer.score(seqs, keep_kv=True)
+    positions = scorer.work.positions
+    assert scorer.score(seqs, keep_kv=True) is first and scorer.work.positions == positions
+    assert scorer.score(seqs[:1], keep_kv=True) is not first and scorer.work.positions > positions
+    plain = sum(len(s) for s in seqs)
+    # the first row runs the plain forward of both documents again (the last kept one was of the first alone)
+    for setting, saved in ((ReadSetting(positions="none"), 0), (ReadSetting("gold", "gold", "gold_only"), plain)):
+        shared = evaluate_perplexity(model, tok, docs, None, setting, batch_size=2, scorer=scorer)
+        alone = evaluate_perplexity(model, tok, docs, None, setting, batch_size=2)
+        assert shared.ppl == alone.ppl and shared.stats == alone.stats
+        assert alone.work.positions - shared.work.positions == saved

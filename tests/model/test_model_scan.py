@@ -138,3 +138,22 @@ def test_unknown_remat_policy_is_named():
     tokens, positions, _ = _batch()
     with pytest.raises(ValueError, match="ModelConfig.remat_policy='save_all'"):
         model(tokens, positions)
+
+
+def test_stack_layers_scans_an_unrolled_model_in_place():
+    """`stack_layers` (the pipeline's evaluation models): the same weights stacked, the same logits, the LoRA-free
+    merged form included; a scanned model is left as it is."""
+    from memllm_jax.model.decoder import stack_layers
+
+    model = Decoder(CFG, rngs=nnx.Rngs(2))
+    tokens, positions, _ = _batch()
+    before, _ = model(tokens, positions)
+    q = [block.attn.q.kernel[...] for block in model.layers]
+    stack_layers(model)
+    assert model.cfg.scan_layers and model.layers.attn.q.kernel[...].shape == (CFG.n_layers, 32, 4, 8)
+    np.testing.assert_array_equal(model.layers.attn.q.kernel[...], jnp.stack(q))
+    after, _ = model(tokens, positions)
+    np.testing.assert_allclose(after, before, atol=1e-5)
+    layers = model.layers
+    stack_layers(model)
+    assert model.layers is layers
