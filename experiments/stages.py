@@ -11,7 +11,6 @@ import shutil
 
 from experiments.pipeline_config import stage_key
 from data_gen.recipes import ReadRecipe, WriteRecipe
-from memllm_jax import protocol
 from memllm_jax.errors import InputError, load_json
 from memllm_jax.files import atomic_write_json, atomic_write_text
 
@@ -478,9 +477,8 @@ TRACE_DOCS = 3
 
 def stage_table2(self):
     from experiments.tables import plot_table2, table2_markdown
-    from memllm_jax.eval.perplexity import evaluate_perplexity
+    from memllm_jax.eval.perplexity import evaluate_perplexity, read_scorer
     from memllm_jax.eval.rows import get_rows
-    from memllm_jax.eval.scoring import Scorer
 
     cfg = self.cfg.table2
     if not cfg.rows:
@@ -499,7 +497,7 @@ def stage_table2(self):
         which = "base" if row.model == "base" else "mr"
         model = self.model(which)
         if which not in scorers:  # one per model: each shape compiled and the plain forward run once
-            scorers[which] = Scorer(model, tok.marker_id[protocol.MEM_READ], batch_size=cfg.batch, pad_id=tok.pad_id)
+            scorers[which] = read_scorer(model, tok, cfg.batch)
         setting = row.read
         if setting.positions == "model" and cfg.read_threshold is not None:
             setting = dataclasses.replace(setting, read_threshold=cfg.read_threshold)

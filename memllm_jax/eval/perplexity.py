@@ -128,6 +128,11 @@ class PerplexityResult:
         return {"ppl": self.ppl, "nll": self.nll.nll, "count": self.nll.count, "stats": self.stats}
 
 
+def read_scorer(model: Any, tok: Any, batch_size: int = 8) -> Scorer:
+    """`model`'s Scorer for `evaluate_perplexity` (its `scorer`, to share it across calls)."""
+    return Scorer(model, tok.marker_id[protocol.MEM_READ], batch_size=batch_size, pad_id=tok.pad_id)
+
+
 def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory: Any, setting: ReadSetting,
                         *, batch_size: int = 8, progress: Callable[[str], None] | None = None,
                         trace_docs: int = 0, scorer: Scorer | None = None) -> PerplexityResult:
@@ -139,8 +144,7 @@ def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory
     and run the plain forward of the same documents once; its `work` is reset to count this call's."""
     mr_id = tok.marker_id[protocol.MEM_READ]
     read_end_id = tok.marker_id[protocol.READ_END]
-    if scorer is None:
-        scorer = Scorer(model, mr_id, batch_size=batch_size, pad_id=tok.pad_id)
+    scorer = read_scorer(model, tok, batch_size) if scorer is None else scorer
     scorer.work = ModelWork()
     generator = None
     if setting.positions != "none" and setting.queries == "model":

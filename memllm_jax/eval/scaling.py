@@ -12,9 +12,9 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 from memllm_jax import protocol
-from memllm_jax.eval.perplexity import ReadSetting, evaluate_perplexity
+from memllm_jax.eval.perplexity import ReadSetting, evaluate_perplexity, read_scorer
 from memllm_jax.eval.records import EncodedDoc
-from memllm_jax.eval.scoring import ModelWork, Scorer
+from memllm_jax.eval.scoring import ModelWork
 
 
 @dataclasses.dataclass
@@ -58,7 +58,7 @@ def perplexity_vs_memory_size(model: Any, tok: Any, docs: Sequence[EncodedDoc], 
 
     mem = TripleMemory(encoder, memory_config)
     mem.add(list(base_triples), source="eval")
-    scorer = Scorer(model, tok.marker_id[protocol.MEM_READ], batch_size=batch_size, pad_id=tok.pad_id)
+    scorer = read_scorer(model, tok, batch_size)
     points, added = [], 0
     for k in sorted(set(min(int(s), len(distractors)) for s in sizes)):
         if k > added:
