@@ -1,5 +1,5 @@
 """Test setup (before jax is imported): 8 fake CPU devices, LLVM optimisation off, one compilation cache for the
-session, offline Hugging Face, a temporary HF_HOME."""
+test run, offline Hugging Face, a temporary HF_HOME."""
 
 import atexit
 import os
@@ -18,17 +18,22 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
-if "HF_HOME" not in os.environ:  # a fresh, empty cache per test session, removed when it ends
-    os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="memllm_hf_home_")
-    atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
+
+
+def _run_dir(variable: str, prefix: str) -> None:
+    """Point `variable` at a fresh, empty directory for this test run, removed when the run ends; the xdist
+    workers inherit it. Left as it is when already set."""
+    if variable not in os.environ:
+        os.environ[variable] = tempfile.mkdtemp(prefix=prefix)
+        atexit.register(shutil.rmtree, os.environ[variable], ignore_errors=True)
+
+
+_run_dir("HF_HOME", "memllm_hf_home_")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    # One persistent compilation cache for the session, shared by the xdist workers (they inherit this
-    # environment): many tests compile the same small programs (the tiny model's forwards, steps and loops),
-    # and a program one test compiled is read back by the next. Removed when the session ends.
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="memllm_xla_cache_")
-    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+# One persistent compilation cache for the run, shared by the workers: many tests compile the same small programs
+# (the tiny model's forwards, steps and loops), and a program one test compiled is read back by the next.
+_run_dir("JAX_COMPILATION_CACHE_DIR", "memllm_xla_cache_")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
 
 import pytest  # noqa: E402
 
