@@ -218,8 +218,9 @@ def restore_params(directory: str | os.PathLike, target, step: int | None = None
     """Restore into `target` and return the model.
 
     `target` is a `Decoder` (restored in place; a LoRA-only checkpoint keeps its base weights) or a
-    `(graphdef, abstract_state)` pair from `model.placement.abstract_model(cfg, lora, mesh)` whose
-    ShapeDtypeStructs carry the shardings to restore into.
+    `(graphdef, state)` pair from `model.placement.abstract_model(cfg, lora, mesh)` whose ShapeDtypeStructs carry
+    the shardings to restore into (a LoRA-only checkpoint: its base leaves already hold the base's arrays, e.g.
+    `hf.load_hf_weights(..., init_rest=False)`); leaves the checkpoint lacks are initialised fresh.
     """
     import orbax.checkpoint as ocp
 
@@ -241,7 +242,7 @@ def restore_params(directory: str | os.PathLike, target, step: int | None = None
     wanted: dict[str, dict] = {}
     if BASE in stored_items:
         wanted[BASE] = _abstract(base_state)
-    elif model is None:
+    elif model is None and any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(base_state)):
         raise ValueError(f"{directory} (step {step}): has no base parameters; restore it into a concrete model")
     lora_target = _abstract(lora_state)
     if lora_target and LORA in stored_items:  # a target without LoRA takes only the base

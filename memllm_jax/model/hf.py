@@ -250,9 +250,11 @@ def load_hf(
 
 
 def load_hf_weights(directory: str | os.PathLike, cfg: ModelConfig, mesh=None, *, lora: LoraConfig | None = None,
-                    extra_tokens: int = 0, seed: int = 0):
+                    extra_tokens: int = 0, seed: int = 0, init_rest: bool = True):
     """The `Decoder` of `cfg` (the directory's own `config.json`, as `config_from_hf` reads it, with any run-time
-    fields set) with the weights of the HF directory; see `load_hf`."""
+    fields set) with the weights of the HF directory; see `load_hf`. `init_rest=False`: `(graphdef, state)` with
+    what the HF file lacks (the adapters of `lora`) left abstract, a target for `checkpoint.restore_params` to fill
+    from a stored adapter (no fresh adapters drawn only to be overwritten)."""
     from memllm_jax.model.placement import abstract_model, materialize
     from memllm_jax.sharding import check_fits, state_shardings
 
@@ -298,7 +300,7 @@ def load_hf_weights(directory: str | os.PathLike, cfg: ModelConfig, mesh=None, *
         if isinstance(value, jax.ShapeDtypeStruct):
             value = jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=_get_path(sh, path))
         var.set_value(value)
-    return materialize(graphdef, abstract, seed)
+    return materialize(graphdef, abstract, seed) if init_rest else (graphdef, abstract)
 
 
 # ---- writing ------------------------------------------------------------------------------------------

@@ -167,8 +167,7 @@ def _weights(src: Source, own, vocab, config, dtype, lora, merge, extra_tokens, 
         except InputError as exc:
             raise InputError(f"{src.weights}: its base model: {exc}") from None
         extra = ref.get("extra_tokens")  # None (a base given here): the rows the checkpoint has beyond the base's
-        under, _, _ = _weights(base_src, _own_config(base_src, None), cfg.vocab_size, cfg, None, stored.lora, True,
-                               None if extra is None else int(extra), None, mesh, 0)
+        under = _base_under(base_src, cfg, stored.lora, None if extra is None else int(extra), mesh)
         model = C.restore_params(src.weights, under, stored.step)
     adapter = model.lora_cfg is not None
     if adapter and (merge or lora is not None):
@@ -177,6 +176,19 @@ def _weights(src: Source, own, vocab, config, dtype, lora, merge, extra_tokens, 
     elif lora is not None:
         model = _rebuild(model, lora, mesh, seed)
     return model, note, adapter
+
+
+def _base_under(base_src: Source, cfg, lora: LoraConfig, extra: int | None, mesh):
+    """The restore target of an adapter trained on `base_src`: an HF / GGUF base as `(graphdef, state)` with its
+    weights read and the adapters `lora` left for the checkpoint to fill; a checkpoint base as a model."""
+    if base_src.kind in (HF, GGUF):
+        where = base_src.given if base_src.kind == GGUF else str(base_src.weights / "config.json")
+        own = hf.config_from_hf(_own_config(base_src, None), where)
+        extra = extra if extra is not None else max(0, cfg.vocab_size - own.vocab_size)
+        base_cfg = _settle(own, cfg, None, extra, where)
+        return hf.load_hf_weights(base_src.weights, base_cfg, mesh, lora=lora, extra_tokens=extra, init_rest=False)
+    return _weights(base_src, _own_config(base_src, None), cfg.vocab_size, cfg, None, lora, True, extra, None, mesh,
+                    0)[0]
 
 
 def _settle(own: ModelConfig, config: ModelConfig | None, dtype: str | None, extra: int, where: str) -> ModelConfig:

@@ -7,6 +7,7 @@ parameter set.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -30,17 +31,27 @@ def cache_shardings(cfg: ModelConfig, mesh: Mesh, batch_size: int, max_len: int)
 
 
 def abstract_model(cfg: ModelConfig, lora_cfg: LoraConfig | None = None, mesh: Mesh | None = None, seed: int = 0):
-    """`(graphdef, abstract_state)`; with a mesh the ShapeDtypeStructs carry their target shardings."""
+    """`(graphdef, abstract_state)`; with a mesh the ShapeDtypeStructs carry their target shardings. The state is
+    the caller's own (its variables may be set)."""
     if mesh is not None:
         check_fits(cfg, mesh)
-    abstract = nnx.eval_shape(lambda: Decoder(cfg, lora_cfg, rngs=nnx.Rngs(seed)))
-    graphdef, state = nnx.split(abstract)
+    graphdef, state = _traced_model(cfg, lora_cfg, seed)
+    state = jax.tree.map(lambda a: a, state)  # new variables holding the same ShapeDtypeStructs
     if mesh is not None:
         shardings = state_shardings(state, mesh)
         state = jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings
         )
     return graphdef, state
+
+
+@functools.lru_cache(maxsize=4)
+def _traced_model(cfg: ModelConfig, lora_cfg: LoraConfig | None, seed: int):
+    """A `Decoder`'s graphdef and abstract state, traced once per process and configuration: tracing its
+    construction takes seconds (1-3 s for SmolLM2-135M, more with adapters: each of the thousands of RNG draws
+    costs flax a tracer lookup that grows with the trace), and a pipeline opens models of the same shape several
+    times (two adapters on one base, and each adapter's base without it)."""
+    return nnx.split(nnx.eval_shape(lambda: Decoder(cfg, lora_cfg, rngs=nnx.Rngs(seed))))
 
 
 HOST_INIT_MAX_BYTES = 1 << 30

@@ -180,6 +180,33 @@ def hf_dir(tmp_path_factory):
     return d
 
 
+def test_an_adapter_over_an_hf_base_opens_merged_without_drawing_fresh_adapters(hf_dir, tmp_path, monkeypatch):
+    """The pipeline's case: an adapter-only checkpoint over an HF directory opens as its base with the adapter
+    folded in, the adapter's arrays taken from the checkpoint (no fresh adapters drawn only to be overwritten)."""
+    import jax
+    from flax import nnx
+
+    import memllm_jax.model.placement as P
+    from memllm_jax.checkpoint import save_params
+    from memllm_jax.config import LoraConfig
+    from memllm_jax.model.load import base_reference
+    from memllm_jax.model.lora import merge_lora
+
+    model, tok = load(hf_dir, lora=LoraConfig(rank=4, alpha=8.0, dropout=0.0), say=None)  # dropout: RNG state to draw
+    for i, (_, var) in enumerate(nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))):  # a trained adapter: B != 0
+        value = var.get_value()
+        var.set_value(value + 0.01 * jax.random.normal(jax.random.key(i), value.shape, value.dtype))
+    save_params(tmp_path / "adapter", 0, model, base=base_reference(str(hf_dir), model.cfg.vocab_size), tokenizer=tok)
+    tokens = _tokens()
+    merge_lora(model)
+    want = _ours(model, tokens)
+    drawn = []
+    monkeypatch.setattr(P, "eval_needed", lambda fn: drawn.append(fn) or fn())
+    opened, _ = load(tmp_path / "adapter", say=None)
+    assert opened.lora_cfg is None and not drawn
+    np.testing.assert_array_equal(_ours(opened, tokens), want)
+
+
 def test_a_config_that_disagrees_with_the_weights_is_an_error(hf_dir, tmp_path, capsys):
     for field, value in [("n_layers", 3), ("d_model", 64), ("n_kv_heads", 4), ("rope_theta", 500000.0),
                          ("vocab_size", 512), ("tie_embeddings", True)]:
