@@ -144,15 +144,18 @@ def _own_config(src: Source, step: int | None):
     return C.read_stored(src.weights, step)
 
 
-def _weights(src: Source, own, vocab, config, dtype, lora, merge, extra_tokens, base, mesh, seed):
+def _weights(src: Source, own, vocab, config, dtype, lora, merge, extra_tokens, base, mesh, seed, init_rest=True):
     """`(model, note, adapter)`: the model of `src` (whose own config is `own`), what the stderr line adds,
-    whether a stored LoRA adapter was there."""
+    whether a stored LoRA adapter was there. `init_rest=False`: an HF / GGUF model comes as `(graphdef, state)`
+    with the adapters `lora` left abstract (`hf.load_hf_weights`), a restore target for a stored adapter."""
     if src.kind in (HF, GGUF):
         where = src.given if src.kind == GGUF else str(src.weights / "config.json")
         own = hf.config_from_hf(own, where)
         extra = extra_tokens if extra_tokens is not None else max(0, (vocab or own.vocab_size) - own.vocab_size)
         cfg = _settle(own, config, dtype, extra, where)
-        return hf.load_hf_weights(src.weights, cfg, mesh, lora=lora, extra_tokens=extra, seed=seed), "", False
+        model = hf.load_hf_weights(src.weights, cfg, mesh, lora=lora, extra_tokens=extra, seed=seed,
+                                   init_rest=init_rest)
+        return model, "", False
     stored = own
     cfg = _settle(stored.model, config, dtype, 0, f"{src.weights} (step {stored.step})")
     mesh = mesh if mesh is not None else _one_device()  # not the stored sharding: base and adapters on one device
@@ -167,7 +170,9 @@ def _weights(src: Source, own, vocab, config, dtype, lora, merge, extra_tokens, 
         except InputError as exc:
             raise InputError(f"{src.weights}: its base model: {exc}") from None
         extra = ref.get("extra_tokens")  # None (a base given here): the rows the checkpoint has beyond the base's
-        under = _base_under(base_src, cfg, stored.lora, None if extra is None else int(extra), mesh)
+        # the base's restore target: its weights read, the adapters `stored.lora` left for the checkpoint to fill
+        under, _, _ = _weights(base_src, _own_config(base_src, None), cfg.vocab_size, cfg, None, stored.lora, True,
+                               None if extra is None else int(extra), None, mesh, 0, init_rest=False)
         model = C.restore_params(src.weights, under, stored.step)
     adapter = model.lora_cfg is not None
     if adapter and (merge or lora is not None):
@@ -176,19 +181,6 @@ def _weights(src: Source, own, vocab, config, dtype, lora, merge, extra_tokens, 
     elif lora is not None:
         model = _rebuild(model, lora, mesh, seed)
     return model, note, adapter
-
-
-def _base_under(base_src: Source, cfg, lora: LoraConfig, extra: int | None, mesh):
-    """The restore target of an adapter trained on `base_src`: an HF / GGUF base as `(graphdef, state)` with its
-    weights read and the adapters `lora` left for the checkpoint to fill; a checkpoint base as a model."""
-    if base_src.kind in (HF, GGUF):
-        where = base_src.given if base_src.kind == GGUF else str(base_src.weights / "config.json")
-        own = hf.config_from_hf(_own_config(base_src, None), where)
-        extra = extra if extra is not None else max(0, cfg.vocab_size - own.vocab_size)
-        base_cfg = _settle(own, cfg, None, extra, where)
-        return hf.load_hf_weights(base_src.weights, base_cfg, mesh, lora=lora, extra_tokens=extra, init_rest=False)
-    return _weights(base_src, _own_config(base_src, None), cfg.vocab_size, cfg, None, lora, True, extra, None, mesh,
-                    0)[0]
 
 
 def _settle(own: ModelConfig, config: ModelConfig | None, dtype: str | None, extra: int, where: str) -> ModelConfig:

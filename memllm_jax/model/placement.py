@@ -36,8 +36,9 @@ def abstract_model(cfg: ModelConfig, lora_cfg: LoraConfig | None = None, mesh: M
     if mesh is not None:
         check_fits(cfg, mesh)
     graphdef, state = _traced_model(cfg, lora_cfg, seed)
-    state = jax.tree.map(lambda a: a, state)  # new variables holding the same ShapeDtypeStructs
-    if mesh is not None:
+    if mesh is None:
+        state = jax.tree.map(lambda a: a, state)  # new variables holding the same ShapeDtypeStructs
+    else:  # new variables too, carrying the shardings
         shardings = state_shardings(state, mesh)
         state = jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings
