@@ -179,8 +179,11 @@ class Table2Config:
     token, the paper's greedy decoding)."""
     batch: int = 8
     """Documents per forward."""
+    query_batch: int = 16
+    """Reads whose queries are generated together (greedy steps): a decode step at few rows leaves XLA's CPU
+    dots far below their speed at many (docs/results_log.md, Benchmarks)."""
 
-    BOUNDS: ClassVar[dict] = {"read_threshold": "fraction", "batch": "positive"}
+    BOUNDS: ClassVar[dict] = {"read_threshold": "fraction", "batch": "positive", "query_batch": "positive"}
     CHOICES: ClassVar[dict] = {"rows": ROW_KEYS}
 
 

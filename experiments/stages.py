@@ -501,9 +501,10 @@ def stage_table2(self):
         setting = row.read
         if setting.positions == "model" and cfg.read_threshold is not None:
             setting = dataclasses.replace(setting, read_threshold=cfg.read_threshold)
-        res = evaluate_perplexity(model, tok, docs, memory, setting, batch_size=cfg.batch, progress=self.say,
-                                  trace_docs=TRACE_DOCS, scorer=scorers[which])
-        self.work.model_work(model.cfg, res.work, cfg.batch)
+        res = evaluate_perplexity(model, tok, docs, memory, setting, batch_size=cfg.batch,
+                                  query_batch=cfg.query_batch, progress=self.say, trace_docs=TRACE_DOCS,
+                                  scorer=scorers[which])
+        self.work.model_work(model.cfg, res.work, cfg.query_batch)
         results[row.key] = {"name": row.name, "description": row.description, **res.to_json()}
         _save_json(self.out / "results" / "traces" / f"{row.key}.json", res.traces)  # for index.html
         p = res.ppl

@@ -134,21 +134,23 @@ def read_scorer(model: Any, tok: Any, batch_size: int = 8) -> Scorer:
 
 
 def evaluate_perplexity(model: Any, tok: Any, docs: Sequence[EncodedDoc], memory: Any, setting: ReadSetting,
-                        *, batch_size: int = 8, progress: Callable[[str], None] | None = None,
-                        trace_docs: int = 0, scorer: Scorer | None = None) -> PerplexityResult:
+                        *, batch_size: int = 8, query_batch: int | None = None,
+                        progress: Callable[[str], None] | None = None, trace_docs: int = 0,
+                        scorer: Scorer | None = None) -> PerplexityResult:
     """Perplexities of `model` on `docs` with reads answered by `memory` (a TripleMemory, or None).
 
     `trace_docs`: for the first that many documents also return a read trace (`eval.trace`): every read's call,
     queries, results and fate, and each token's loss with these reads and without any (the plain forward).
     `scorer`: `model`'s Scorer (`batch_size` rows) shared by several calls, which then trace and compile each shape
-    and run the plain forward of the same documents once; its `work` is reset to count this call's."""
+    and run the plain forward of the same documents once; its `work` is reset to count this call's.
+    `query_batch`: rows of the greedy query generation (None: `batch_size`)."""
     mr_id = tok.marker_id[protocol.MEM_READ]
     read_end_id = tok.marker_id[protocol.READ_END]
     scorer = read_scorer(model, tok, batch_size) if scorer is None else scorer
     scorer.work = ModelWork()
     generator = None
     if setting.positions != "none" and setting.queries == "model":
-        generator = GreedyGenerator(model, batch_size=batch_size, pad_id=tok.pad_id)
+        generator = GreedyGenerator(model, batch_size=query_batch or batch_size, pad_id=tok.pad_id)
 
     states = []
     plain = scorer.score([[tok.bos_id] + e.ids for e in docs], keep_kv=True)

@@ -157,6 +157,8 @@ def test_model_chosen_reads_with_a_scripted_model():
     # Gold positions with model queries (row ⑥) make the same read.
     six = evaluate_perplexity(model, tok, docs, Memory(), ReadSetting("gold", "model", "memory"), batch_size=2)
     assert six.ppl["target"] == pytest.approx(read.ppl["target"], rel=1e-9)
+    wide = evaluate_perplexity(model, tok, docs, Memory(), ReadSetting(), batch_size=2, query_batch=8, trace_docs=1)
+    assert wide.ppl == read.ppl and wide.stats == read.stats and wide.traces == read.traces
 
 
 @pytest.mark.slow
@@ -199,8 +201,10 @@ def test_kept_prefix_keys_values_give_the_whole_sequence_scores_and_generations(
         assert (f.argmax == s.argmax).mean() > 0.95  # ties aside
     gen = GreedyGenerator(model, batch_size=2)
     prefixes = [docs[0][:10] + [mr], docs[2][:31] + [mr], docs[1][:22] + [mr]]
-    assert gen.generate(prefixes, [2], 12, kept=[(kept[0].kv, 10), (kept[2].kv, 31), (kept[1].kv, 22)]) == \
-        gen.generate(prefixes, [2], 12)
+    kv = [(kept[0].kv, 10), (kept[2].kv, 31), (kept[1].kv, 22)]
+    assert gen.generate(prefixes, [2], 12, kept=kv) == gen.generate(prefixes, [2], 12)
+    # Table 2 generates queries in more rows than it scores (`query_batch`): the same tokens
+    assert GreedyGenerator(model, batch_size=4).generate(prefixes, [2], 12, kept=kv) == gen.generate(prefixes, [2], 12)
 
 
 @pytest.mark.slow
