@@ -171,8 +171,9 @@ def _weights(src: Source, own, vocab, config, dtype, lora, merge, extra_tokens, 
             raise InputError(f"{src.weights}: its base model: {exc}") from None
         extra = ref.get("extra_tokens")  # None (a base given here): the rows the checkpoint has beyond the base's
         # the base's restore target: its weights read, the adapters `stored.lora` left for the checkpoint to fill
-        under, _, _ = _weights(base_src, _own_config(base_src, None), cfg.vocab_size, cfg, None, stored.lora, True,
-                               None if extra is None else int(extra), None, mesh, 0, init_rest=False)
+        under, _, _ = _weights(base_src, _own_config(base_src, None), vocab=cfg.vocab_size, config=cfg, dtype=None,
+                               lora=stored.lora, merge=True, extra_tokens=None if extra is None else int(extra),
+                               base=None, mesh=mesh, seed=0, init_rest=False)
         model = C.restore_params(src.weights, under, stored.step)
     adapter = model.lora_cfg is not None
     if adapter and (merge or lora is not None):
